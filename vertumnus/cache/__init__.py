@@ -1,0 +1,2 @@
+"""Global prefix trie over all workers' KV caches; replication and reclamation (DESIGN.md §3)."""
+

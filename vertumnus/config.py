@@ -1,0 +1,274 @@
+"""One validated configuration tree for every part of Vertumnus.
+
+Loaded from YAML (`configs/*.yaml`); unknown keys and invalid values fail at load time with a message that
+names the offending key (pydantic's error path, e.g. ``cache.theta_reclaim``). Every field has a default and a
+description, so `vertumnus config show` prints a self-documenting resolved config.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PROFILE = "configs/profiles/qwen3-30b-a3b-h200.yaml"
+
+_COMPOSITION_TERM = re.compile(r"^\s*(\d+)\s*[xX*]\s*CP(\d+)\s*$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def parse_composition(text: str) -> dict[int, int]:
+    """Parse ``"4xCP4+3xCP8"`` into ``{4: 4, 8: 3}`` (degree -> worker count).
+
+    Raises ValueError with the offending term on bad input.
+    """
+    out: dict[int, int] = {}
+    if not text or not text.strip():
+        raise ValueError("empty composition; expected e.g. '4xCP4+3xCP8'")
+    for term in text.split("+"):
+        m = _COMPOSITION_TERM.match(term)
+        if not m:
+            raise ValueError(f"bad composition term {term.strip()!r}; expected e.g. '4xCP4+3xCP8'")
+        count, degree = int(m.group(1)), int(m.group(2))
+        if count <= 0 or degree <= 0:
+            raise ValueError(f"bad composition term {term.strip()!r}: count and degree must be positive")
+        out[degree] = out.get(degree, 0) + count
+    return out
+
+
+def format_composition(counts: dict[int, int]) -> str:
+    """Inverse of :func:`parse_composition`, degrees ascending (``{4: 4, 8: 3}`` -> ``"4xCP4+3xCP8"``)."""
+    return "+".join(f"{n}xCP{c}" for c, n in sorted(counts.items()) if n > 0)
+
+
+class PoolConfig(_Section):
+    nodes: int = Field(1, ge=1, description="Number of nodes in the prefill pool.")
+    gpus_per_node: int = Field(8, ge=1, description="GPU (or CPU slot) ranks per node.")
+    degrees: list[int] = Field(
+        default_factory=lambda: [4, 8], description="Allowed CP degrees (powers of two dividing gpus_per_node)."
+    )
+    initial_composition: str | None = Field(
+        None,
+        description="Initial composition such as '4xCP4+3xCP8'. Empty: chosen from the history trace "
+        "(controller.history_trace) or, without one, all GPUs in the largest degree.",
+    )
+    engine: Literal["sim", "torch", "vllm"] = Field("sim", description="Worker backend.")
+    max_model_len: int = Field(131072, ge=1, description="Longest prompt (tokens) a worker accepts.")
+    kv_capacity_blocks_per_rank: int = Field(
+        2048, ge=1, description="KV capacity of one rank, in cache blocks (cache.block_tokens tokens each)."
+    )
+
+    @field_validator("degrees")
+    @classmethod
+    def _degrees_powers_of_two(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("degrees must not be empty")
+        for d in v:
+            if d < 1 or d & (d - 1):
+                raise ValueError(f"degree {d} is not a power of two")
+        if len(set(v)) != len(v):
+            raise ValueError(f"degrees contain duplicates: {v}")
+        return sorted(v)
+
+    @model_validator(mode="after")
+    def _degrees_fit_node(self) -> PoolConfig:
+        for d in self.degrees:
+            if self.gpus_per_node % d:
+                raise ValueError(f"degree {d} does not divide gpus_per_node={self.gpus_per_node}")
+        if self.initial_composition:
+            counts = parse_composition(self.initial_composition)
+            for d in counts:
+                if d not in self.degrees:
+                    raise ValueError(f"initial_composition uses degree {d} not in degrees {self.degrees}")
+            used = sum(d * n for d, n in counts.items())
+            if used != self.total_gpus:
+                raise ValueError(
+                    f"initial_composition {self.initial_composition!r} uses {used} GPUs, "
+                    f"pool has {self.total_gpus} (nodes × gpus_per_node)"
+                )
+        return self
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class SchedulerConfig(_Section):
+    beta: float = Field(1.0, ge=1.0, description="β ≥ 1: weight of the predicted service time in the placement cost.")
+    lam: float = Field(
+        0.1, ge=0.0, description="λ ≥ 0: GPU-occupancy cost of larger degrees, (C_w − C_min)/C_min × Ê."
+    )
+
+
+class ControllerConfig(_Section):
+    enabled: bool = Field(True, description="Run window-based split / merge.")
+    window_s: float = Field(10.0, gt=0, description="Observation window H in seconds.")
+    theta_up: float = Field(0.8, gt=0, description="Split when utilisation ρ = D/K exceeds this.")
+    theta_low: float = Field(0.3, ge=0, description="Merge when utilisation ρ falls below this.")
+    delta_long: float = Field(
+        0.1, ge=0, le=1, description="Reconfigure on a long-request-share change larger than this (within band)."
+    )
+    long_threshold_tokens: int = Field(32768, ge=1, description="A request with more input tokens is 'long'.")
+    persist_windows: int = Field(2, ge=1, description="Windows a direction must hold before acting.")
+    headroom: float = Field(0.2, ge=0, description="Initial composition needs K ≥ (1+headroom)·D̄.")
+    switch_s: float = Field(0.8, ge=0, description="Simulated switch-stage duration (seconds).")
+    history_trace: str | None = Field(None, description="Trace used to pick the initial composition.")
+
+    @model_validator(mode="after")
+    def _band(self) -> ControllerConfig:
+        if self.theta_low >= self.theta_up:
+            raise ValueError(f"theta_low ({self.theta_low}) must be below theta_up ({self.theta_up})")
+        return self
+
+
+class CacheConfig(_Section):
+    block_tokens: int = Field(512, ge=1, description="Tokens per trie node (cache block).")
+    replication: bool = Field(True, description="Enable replication and reclamation by the cache manager.")
+    scan_interval_s: float = Field(5.0, gt=0, description="Seconds between cache-manager scans.")
+    theta_inter: float = Field(0.5, ge=0, description="missed[z,C] (seconds of benefit) above this → inter copy.")
+    theta_intra: float = Field(8.0, ge=0, description="access[z,C]/r above this → one more same-degree replica.")
+    theta_reclaim: float = Field(0.5, ge=0, description="access[z,C]/r below this → reclaim (< theta_intra).")
+    decay: float = Field(0.5, gt=0, lt=1, description="Multiplier applied to access/missed after each scan.")
+    epsilon: float = Field(1e-3, gt=0, description="Statistics below this are dropped.")
+    max_ops_per_scan: int = Field(4, ge=0, description="Upper bound on each candidate list per scan.")
+    bytes_per_block: int = Field(
+        512 * 48 * 2 * 4 * 128 * 2, ge=1, description="KV bytes of one cache block (all layers, K and V)."
+    )
+    intra_node_gbps: float = Field(400.0, gt=0, description="Intra-node copy bandwidth, GB/s.")
+    inter_node_gbps: float = Field(50.0, gt=0, description="Inter-node copy bandwidth, GB/s.")
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> CacheConfig:
+        if self.theta_reclaim >= self.theta_intra:
+            raise ValueError(
+                f"theta_reclaim ({self.theta_reclaim}) must be below theta_intra ({self.theta_intra})"
+            )
+        return self
+
+
+class CostModelConfig(_Section):
+    profile: str = Field(DEFAULT_PROFILE, description="Cost profile YAML (relative paths: repo root, then CWD).")
+
+
+class SLOConfig(_Section):
+    base_s: float = Field(2.0, ge=0, description="TTFT SLO τ = base_s + per_token_s × L.")
+    per_token_s: float = Field(0.0002, ge=0, description="Per-input-token part of the TTFT SLO.")
+    t_ext_s: float = Field(0.05, ge=0, description="T_ext: KV hand-off plus first decode token, seconds.")
+    target_attainment: float = Field(0.9, gt=0, le=1, description="Target token-weighted SLO attainment.")
+
+
+class ModelConfig(_Section):
+    name: str = Field("vertumnus-tiny", description="Model name served at /v1/models.")
+    path: str | None = Field(None, description="Local safetensors directory; empty: random weights (seed).")
+    seed: int = Field(0, description="Seed of the random reference weights.")
+    vocab_size: int = Field(512, ge=2)
+    hidden_size: int = Field(128, ge=8)
+    intermediate_size: int = Field(256, ge=8)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    rope_theta: float = Field(10000.0, gt=0)
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32")
+
+    @model_validator(mode="after")
+    def _heads(self) -> ModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError("hidden_size must be a multiple of num_heads")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        return self
+
+
+class ServingConfig(_Section):
+    host: str = Field("127.0.0.1", description="HTTP bind address.")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port (0: pick a free one).")
+    cpu_slots: int = Field(4, ge=1, description="CPU rank slots when running without GPUs (one thread each).")
+    max_inflight: int = Field(256, ge=1, description="Admission limit; beyond it requests get 429.")
+    admin_token: str | None = Field(None, description="Bearer token for /v1/pool/reconfigure; empty: disabled.")
+    decode_actors: int = Field(1, ge=0, description="Embedded decode actors (0: use decode_url).")
+    decode_url: str | None = Field(None, description="External OpenAI-compatible decode endpoint.")
+    engine_block_tokens: int = Field(16, ge=1, description="Engine KV block size (tokens).")
+
+
+class VertumnusConfig(_Section):
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    controller: ControllerConfig = Field(default_factory=ControllerConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
+    slo: SLOConfig = Field(default_factory=SLOConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    serving: ServingConfig = Field(default_factory=ServingConfig)
+
+    def resolve_path(self, p: str) -> Path:
+        """Resolve a config-relative path: absolute, else CWD if it exists, else the repository root."""
+        path = Path(p)
+        if path.is_absolute() or path.exists():
+            return path
+        return REPO_ROOT / path
+
+
+class ConfigError(ValueError):
+    """Raised when a config file cannot be read or does not validate; the message names the key."""
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+def config_from_dict(data: dict[str, Any] | None, source: str = "<dict>") -> VertumnusConfig:
+    """Validate a mapping into a config, raising :class:`ConfigError` naming the bad key."""
+    try:
+        return VertumnusConfig.model_validate(data or {})
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> VertumnusConfig:
+    """Load a YAML config (None: all defaults), deep-merging optional overrides first."""
+    data: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        try:
+            raw = yaml.safe_load(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {p}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
+        if raw is not None and not isinstance(raw, dict):
+            raise ConfigError(f"config file {p} must hold a mapping at the top level")
+        data = raw or {}
+    if overrides:
+        data = _deep_merge(data, overrides)
+    return config_from_dict(data, source)
+
+
+def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def dump_config(cfg: VertumnusConfig) -> str:
+    """The resolved config as YAML."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,2 @@
+"""Zigzag context-parallel prefill data plane in PyTorch (DESIGN.md §4)."""
+

@@ -1,0 +1,2 @@
+"""Worker backends (sim, torch, vllm) implementing vertumnus.interfaces.DataPlane."""
+

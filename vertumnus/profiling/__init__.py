@@ -1,0 +1,2 @@
+"""Cost model, its fitting, and the `vertumnus profile` measurement flow."""
+

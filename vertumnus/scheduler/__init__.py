@@ -1,0 +1,2 @@
+"""Prefill pool scheduler: eligibility, cache-aware placement cost J, reservation (DESIGN.md §1)."""
+

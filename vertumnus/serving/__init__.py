@@ -1,0 +1,2 @@
+"""Ray-hosted prefill pool behind an OpenAI-compatible HTTP endpoint."""
+

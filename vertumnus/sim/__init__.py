@@ -1,0 +1,2 @@
+"""Trace-driven discrete-event simulator, workloads, baselines and reports."""
+
