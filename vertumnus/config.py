@@ -102,9 +102,7 @@ class PoolConfig(_Section):
 
 class SchedulerConfig(_Section):
     beta: float = Field(1.0, ge=1.0, description="β ≥ 1: weight of the predicted service time in the placement cost.")
-    lam: float = Field(
-        0.1, ge=0.0, description="λ ≥ 0: GPU-occupancy cost of larger degrees, (C_w − C_min)/C_min × Ê."
-    )
+    lam: float = Field(0.1, ge=0.0, description="λ ≥ 0: GPU-occupancy cost of larger degrees, (C_w − C_min)/C_min × Ê.")
 
 
 class ControllerConfig(_Section):
@@ -147,9 +145,7 @@ class CacheConfig(_Section):
     @model_validator(mode="after")
     def _thresholds(self) -> CacheConfig:
         if self.theta_reclaim >= self.theta_intra:
-            raise ValueError(
-                f"theta_reclaim ({self.theta_reclaim}) must be below theta_intra ({self.theta_intra})"
-            )
+            raise ValueError(f"theta_reclaim ({self.theta_reclaim}) must be below theta_intra ({self.theta_intra})")
         return self
 
 

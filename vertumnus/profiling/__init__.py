@@ -1,2 +1,1 @@
 """Cost model, its fitting, and the `vertumnus profile` measurement flow."""
-

@@ -1,0 +1,76 @@
+"""Config validation: every invalid value fails at load time naming its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vertumnus.config import (
+    ConfigError,
+    dump_config,
+    format_composition,
+    load_config,
+    parse_composition,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "fragment"),
+    [
+        ("scheduler: {beta: 0.5}", "scheduler.beta", "greater than or equal to 1"),
+        ("scheduler: {lam: -1}", "scheduler.lam", "greater than or equal to 0"),
+        ("cache: {theta_reclaim: 9, theta_intra: 8}", "cache", "theta_reclaim (9.0) must be below theta_intra"),
+        ("cache: {decay: 1.0}", "cache.decay", "less than 1"),
+        ("cache: {decay: 0}", "cache.decay", "greater than 0"),
+        ("pool: {degrees: [3, 4]}", "pool.degrees", "degree 3 is not a power of two"),
+        ("pool: {gpus_per_node: 4, degrees: [8]}", "pool", "degree 8 does not divide gpus_per_node=4"),
+        ("pool: {colour: red}", "pool.colour", "unknown key"),
+        ("bogus: 1", "bogus", "unknown key"),
+        ("controller: {theta_low: 0.9, theta_up: 0.8}", "controller", "theta_low (0.9) must be below theta_up"),
+        ("pool: {nodes: 1, gpus_per_node: 8, degrees: [4, 8], initial_composition: 1xCP4}", "pool", "uses 4 GPUs"),
+    ],
+)
+def test_invalid_values_name_their_key(tmp_path: Path, text: str, key: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(_write(tmp_path, text))
+    msg = str(err.value)
+    assert f"  {key}:" in msg
+    assert fragment in msg
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(_write(tmp_path, "pool: [unclosed"))
+    with pytest.raises(ConfigError, match="mapping at the top level"):
+        load_config(_write(tmp_path, "- 1\n- 2"))
+
+
+def test_defaults_round_trip(tmp_path: Path) -> None:
+    cfg = load_config(None)
+    again = load_config(_write(tmp_path, dump_config(cfg)))
+    assert again == cfg
+
+
+def test_shipped_configs_load() -> None:
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        load_config(path)
+
+
+def test_composition_parsing() -> None:
+    assert parse_composition("4xCP4+3xCP8") == {4: 4, 8: 3}
+    assert parse_composition(" 2 x CP4 + 1xCP4 ") == {4: 3}
+    assert format_composition({8: 3, 4: 4}) == "4xCP4+3xCP8"
+    for bad in ("", "4CP4", "4xCP4+", "0xCP4", "axCP4"):
+        with pytest.raises(ValueError, match="composition"):
+            parse_composition(bad)
