@@ -99,8 +99,8 @@ class CostProfile:
                 unknown = set(coeffs) - set(DegreeProfile.__dataclass_fields__)
                 if unknown:
                     raise ValueError(f"unknown keys {sorted(unknown)}")
-                opt = {k: (None if coeffs.get(k) is None else float(coeffs[k])) for k in ("mape", "max_error", "kappa")}
-                degrees[deg] = DegreeProfile(*(float(coeffs[k]) for k in COEFFICIENTS), **opt)
+                opt = [None if coeffs.get(k) is None else float(coeffs[k]) for k in ("mape", "max_error", "kappa")]
+                degrees[deg] = DegreeProfile(*(float(coeffs[k]) for k in COEFFICIENTS), *opt)
             except (TypeError, ValueError) as e:
                 raise ValueError(f"cost profile {p}: degree {c}: {e}") from None
         meta = {k: data[k] for k in ("source", "engine", "model", "hardware", "date", "notes") if k in data}
