@@ -1,2 +1,1 @@
 """Ray-hosted prefill pool behind an OpenAI-compatible HTTP endpoint."""
-
