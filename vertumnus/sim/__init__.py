@@ -1,2 +1,1 @@
 """Trace-driven discrete-event simulator, workloads, baselines and reports."""
-

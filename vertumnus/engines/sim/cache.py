@@ -1,0 +1,160 @@
+"""A simulated worker's physical KV cache: blocks with LRU eviction, like an engine's prefix cache.
+
+Entries are manager-size blocks (``cache.block_tokens`` tokens) keyed by chained block keys; each entry knows
+its depth b in the prefix (block b of a prefix lives on rank ``b mod C`` of a degree-C worker) and its parent key.
+
+Recency invariant (as vLLM's free-block queue): whenever a chain of blocks is used, it is touched from the last
+block to the first, so a block is never less recently used than any of its descendants. LRU eviction therefore
+removes descendants before their ancestors, and every eviction leaves the remaining holdings prefix-closed along
+each chain that was stored complete.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class _Entry:
+    depth: int  # block index in its prefix (0 = first block)
+    parent: int | None  # key of block depth-1, None at depth 0
+    tick: int  # last use (monotone counter shared by a data plane); orders LRU across merged caches
+
+
+class BlockCache:
+    """LRU set of blocks with a capacity in blocks; every mutator returns what it evicted / removed."""
+
+    __slots__ = ("_entries", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"cache capacity must be ≥ 1 block, got {capacity}")
+        self.capacity = capacity
+        # Invariant: iteration order = LRU order (front = least recently used); len ≤ capacity.
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._entries
+
+    @property
+    def free(self) -> int:
+        return self.capacity - len(self._entries)
+
+    def keys(self) -> list[int]:
+        """Held keys, least recently used first."""
+        return list(self._entries)
+
+    def leading(self, keys: Sequence[int], limit: int | None = None) -> int:
+        """Number of leading blocks of ``keys`` held (at most ``limit``)."""
+        n = len(keys) if limit is None else min(limit, len(keys))
+        entries = self._entries
+        for i in range(n):
+            if keys[i] not in entries:
+                return i
+        return n
+
+    def missing(self, keys: Sequence[int], start: int = 0) -> int:
+        """How many of ``keys[start:]`` are not held."""
+        entries = self._entries
+        return sum(1 for k in keys[start:] if k not in entries)
+
+    def touch(self, keys: Sequence[int], tick: int) -> None:
+        """Mark the held blocks of a chain used, last block first (keeps the recency invariant)."""
+        entries = self._entries
+        for k in reversed(keys):
+            e = entries.get(k)
+            if e is not None:
+                e.tick = tick
+                entries.move_to_end(k)
+
+    def store(self, keys: Sequence[int], tick: int) -> tuple[int | None, list[int]]:
+        """Hold the chain ``keys`` (the leading ``capacity`` blocks if it is longer).
+
+        Returns ``(first_new, evicted)``: index of the first block that was not held before (None if all were),
+        and the keys evicted to make room (LRU first). Blocks of the chain itself are never evicted.
+        """
+        n = min(len(keys), self.capacity)
+        chain = keys[:n]
+        entries = self._entries
+        first_new: int | None = None
+        for i, k in enumerate(chain):
+            if k not in entries:
+                first_new = i
+                break
+        evicted: list[int] = []
+        if first_new is not None:
+            self.touch(chain, tick)  # protect held chain blocks: they move to the MRU end
+            need = sum(1 for k in chain[first_new:] if k not in entries)
+            # held-chain + new ≤ n ≤ capacity, so the front always has a non-chain victim while over budget.
+            while len(entries) + need > self.capacity:
+                victim, _ = entries.popitem(last=False)
+                evicted.append(victim)
+            for i in range(n - 1, first_new - 1, -1):  # insert last block first: ancestors end up more recent
+                k = chain[i]
+                if k not in entries:
+                    entries[k] = _Entry(i, chain[i - 1] if i else None, tick)
+        self.touch(chain, tick)
+        return first_new, evicted
+
+    def remove(self, keys: Iterable[int]) -> list[int]:
+        """Drop ``keys`` and every held descendant of them; returns what was removed."""
+        entries = self._entries
+        gone = {k for k in keys if k in entries}
+        if not gone:
+            return []
+        changed = True
+        while changed:  # descendants: parent chain reaches a removed key (rare op; scans the cache)
+            changed = False
+            for k, e in entries.items():
+                if k not in gone and e.parent in gone:
+                    gone.add(k)
+                    changed = True
+        removed = [k for k in entries if k in gone]
+        for k in removed:
+            del entries[k]
+        return removed
+
+    def clear(self) -> list[int]:
+        """Drop everything; returns what was held."""
+        out = list(self._entries)
+        self._entries.clear()
+        return out
+
+    def split(self, degree: int, capacities: tuple[int, int]) -> tuple[BlockCache, BlockCache, list[int], list[int]]:
+        """Split a degree-``degree`` worker's cache between its lower and upper rank halves.
+
+        Block b lives on parent rank ``b mod degree``; the lower child keeps ranks [0, degree/2). Each child evicts
+        LRU blocks beyond its capacity; returns (lower, upper, evicted_lower, evicted_upper).
+        """
+        half = degree // 2
+        lo, hi = BlockCache(capacities[0]), BlockCache(capacities[1])
+        for k, e in self._entries.items():  # LRU order preserved in both children
+            (lo if e.depth % degree < half else hi)._entries[k] = _Entry(e.depth, e.parent, e.tick)
+        return lo, hi, lo._shrink(), hi._shrink()
+
+    @staticmethod
+    def merge(parts: Sequence[BlockCache], capacity: int) -> tuple[BlockCache, list[int]]:
+        """Union of sibling caches (a merge keeps all blocks), LRU order by last-use tick; evicts beyond capacity."""
+        best: dict[int, _Entry] = {}
+        for part in parts:
+            for k, e in part._entries.items():
+                cur = best.get(k)
+                if cur is None or e.tick > cur.tick:
+                    best[k] = e
+        out = BlockCache(capacity)
+        # Sort by tick, deeper blocks first on equal ticks (recency invariant: ancestors never older).
+        for k, e in sorted(best.items(), key=lambda kv: (kv[1].tick, -kv[1].depth)):
+            out._entries[k] = _Entry(e.depth, e.parent, e.tick)
+        return out, out._shrink()
+
+    def _shrink(self) -> list[int]:
+        evicted: list[int] = []
+        while len(self._entries) > self.capacity:
+            victim, _ = self._entries.popitem(last=False)
+            evicted.append(victim)
+        return evicted
