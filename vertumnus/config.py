@@ -191,6 +191,8 @@ class ServingConfig(_Section):
     decode_actors: int = Field(1, ge=0, description="Embedded decode actors (0: use decode_url).")
     decode_url: str | None = Field(None, description="External OpenAI-compatible decode endpoint.")
     engine_block_tokens: int = Field(16, ge=1, description="Engine KV block size (tokens).")
+    default_max_tokens: int = Field(16, ge=1, description="max_tokens when a request does not set it.")
+    startup_timeout_s: float = Field(600.0, gt=0, description="Seconds to wait for every rank to come up.")
 
 
 class VertumnusConfig(_Section):
