@@ -1,0 +1,240 @@
+"""Cache-aware placement (DESIGN.md §1): eligibility, Ê, placement cost J, reservation, preferred degree.
+
+One placement, for request i with L tokens and the trie's match:
+
+1. eligible = ACTIVE ∧ L ≤ max_model_len ∧ free KV blocks ≥ ⌈L/B⌉ (a cache miss never excludes);
+2. P_w = min(held_w·B, L − 1), R_w = L − P_w, Ê_w = E_{C_w}(R_w, P_w) (vectorised per degree slice);
+3. J_w = q_w(now) + Ê_w·(β + λ·(C_w − C_min)/C_min); argmin (rows are sorted by (C, id) → tie rule);
+4. reserve Ê_w in q_w at once (so a concurrent arrival sees it), reserve ⌈L/B⌉ KV blocks;
+5. C_pref = degree of argmin_w Ê_w·(β + λ·(C_w − C_min)/C_min) — J without q — for the cache statistics.
+
+A request no worker could ever serve raises :class:`RequestRejected`; "nothing schedulable right now" returns
+None (the pool keeps the request in its backlog).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from vertumnus.config import VertumnusConfig
+from vertumnus.profiling.cost_model import CostModel
+from vertumnus.scheduler.policy import PlacementCostPolicy, RoutingPolicy, WorkerView
+from vertumnus.scheduler.table import Ticket, WorkerInfo, WorkerTable
+from vertumnus.types import Placement, PrefixMatch, Request, WorkerState
+
+
+class RequestRejected(ValueError):
+    """A request no worker of this pool can ever serve.
+
+    ``reason``: ``"too_long"`` (``limit`` = max_model_len tokens), ``"no_capacity_fit"`` (``limit`` = the
+    largest worker KV capacity in blocks), ``"empty"`` (``limit`` = 1 token). ``needed``: the request's value
+    in the same unit.
+    """
+
+    def __init__(self, request_id: str, reason: str, limit: int, needed: int, message: str) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+        self.reason = reason
+        self.limit = limit
+        self.needed = needed
+
+
+class Scheduler:
+    """Placement over a :class:`WorkerTable`. Callers serialise calls (no internal locking)."""
+
+    def __init__(self, cfg: VertumnusConfig, cost: CostModel, router: RoutingPolicy | None = None) -> None:
+        self.cost = cost
+        self.block_tokens = cfg.cache.block_tokens
+        self.max_model_len = cfg.pool.max_model_len
+        self.kv_per_rank = cfg.pool.kv_capacity_blocks_per_rank
+        self.beta = cfg.scheduler.beta
+        self.lam = cfg.scheduler.lam
+        self.table = WorkerTable()
+        self.tickets: dict[str, Ticket] = {}
+        self.router: RoutingPolicy = router or PlacementCostPolicy(self.beta, self.lam)
+        # Chosen once: the default J runs vectorised over the columns; other policies see WorkerViews.
+        self._vectorised = type(self.router) is PlacementCostPolicy
+        self._slices: list[tuple[int, int, int]] = []  # (degree, lo, hi) row ranges
+        self._max_capacity = 0
+        for c in sorted(set(cfg.pool.degrees)):
+            cost.predict(c, 1, 0)  # fail at construction, not at the first request, if a degree is missing
+
+    # -- workers ------------------------------------------------------------------------------------------
+    def add_worker(self, worker_id: int, degree: int, node: int, state: WorkerState, epoch: int) -> None:
+        """Register a worker (capacity = kv_capacity_blocks_per_rank × degree)."""
+        cap = self.kv_per_rank * degree
+        self.table.add(WorkerInfo(worker_id, degree, node, cap, epoch), state)
+        self._reindex()
+
+    def remove_worker(self, worker_id: int) -> list[Ticket]:
+        """Unregister a worker; returns tickets still attached to it (they stay known to the scheduler)."""
+        info = self.table.remove(worker_id)
+        self._reindex()
+        return list(info.tickets.values())
+
+    def _reindex(self) -> None:
+        deg = self.table.degree
+        self._slices = []
+        lo = 0
+        while lo < len(deg):
+            c = int(deg[lo])
+            hi = int(np.searchsorted(deg, c, side="right"))
+            self._slices.append((c, lo, hi))
+            lo = hi
+        self._max_capacity = max((inf.capacity_blocks for inf in self.table.infos), default=0)
+
+    def set_state(self, worker_id: int, state: WorkerState) -> None:
+        self.table.set_state(worker_id, state)
+
+    def set_epoch(self, worker_id: int, epoch: int) -> None:
+        self.table.info(worker_id).epoch = epoch
+
+    def state(self, worker_id: int) -> WorkerState:
+        return self.table.state_of(worker_id)
+
+    def worker_ids(self) -> list[int]:
+        return [inf.worker_id for inf in self.table.infos]
+
+    def queue_s(self, worker_id: int, now: float) -> float:
+        return self.table.queue_s(worker_id, now)
+
+    def queue_map(self, now: float) -> dict[int, float]:
+        """q_w(now) for every registered worker (cache scans, snapshots)."""
+        q = self.table.queue_vector(now)
+        return {inf.worker_id: float(q[i]) for i, inf in enumerate(self.table.infos)}
+
+    def tickets_at(self, worker_id: int) -> list[Ticket]:
+        """Queued and running tickets at a worker, FCFS order."""
+        return list(self.table.info(worker_id).tickets.values())
+
+    # -- requests -----------------------------------------------------------------------------------------
+    def blocks_needed(self, request: Request) -> int:
+        return -(-request.input_len // self.block_tokens)
+
+    def check_admissible(self, request: Request) -> None:
+        """Raise :class:`RequestRejected` if no worker of this pool could ever serve the request."""
+        rid, n = request.request_id, request.input_len
+        if n < 1:
+            raise RequestRejected(rid, "empty", 1, n, f"request {rid!r} has no input tokens")
+        if n > self.max_model_len:
+            raise RequestRejected(
+                rid, "too_long", self.max_model_len, n,
+                f"request {rid!r} has {n} input tokens, more than max_model_len={self.max_model_len}",
+            )  # fmt: skip
+        need = self.blocks_needed(request)
+        if need > self._max_capacity:
+            raise RequestRejected(
+                rid, "no_capacity_fit", self._max_capacity, need,
+                f"request {rid!r} needs {need} KV blocks of {self.block_tokens} tokens; the largest worker "
+                f"holds {self._max_capacity}",
+            )  # fmt: skip
+
+    def place(self, request: Request, match: PrefixMatch, now: float, first: bool = True) -> Placement | None:
+        """Choose a worker and reserve; None when no worker is eligible right now.
+
+        Raises :class:`RequestRejected` (see :meth:`check_admissible`). ``first``: False for a re-placement
+        (drain / failure), recorded on the ticket so window demand counts each request once.
+        """
+        self.check_admissible(request)
+        if request.request_id in self.tickets:
+            raise ValueError(f"request {request.request_id!r} is already placed")
+        t = self.table
+        if not len(t.infos):
+            return None
+        need = self.blocks_needed(request)
+        eligible = t.active & (t.free_blocks >= need)
+        if not eligible.any():
+            return None
+        L = request.input_len
+        B = self.block_tokens
+        held = np.zeros(len(t.infos), dtype=np.float64)
+        index = t.index
+        for wid, h in match.held_blocks.items():
+            i = index.get(wid)
+            if i is not None:
+                held[i] = h
+        p = np.minimum(held * B, L - 1)
+        r = L - p
+        est = np.empty(len(t.infos), dtype=np.float64)
+        for c, lo, hi in self._slices:
+            est[lo:hi] = self.cost.predict_degree(c, r[lo:hi], p[lo:hi])
+        c_min = int(t.degree[int(np.argmax(eligible))])  # rows sorted by degree: first eligible = C_min
+        weighted = est * (self.beta + self.lam * (t.degree - c_min) / c_min)
+        weighted[~eligible] = np.inf
+        q = t.queue_vector(now)
+        cost = q + weighted
+        k_pref = int(np.argmin(weighted))
+        k = int(np.argmin(cost)) if self._vectorised else self._route(request, match, now, eligible, q, held, p, est)
+        wid = t.infos[k].worker_id
+        placement = Placement(
+            request_id=request.request_id,
+            worker_id=wid,
+            degree=int(t.degree[k]),
+            cached_tokens=int(p[k]),
+            uncached_tokens=int(r[k]),
+            predicted_s=float(est[k]),
+            queue_s=float(q[k]),
+            cost=float(cost[k]),
+            preferred_degree=int(t.degree[k_pref]),
+            epoch=t.infos[k].epoch,
+        )
+        reused = min(int(held[k]), need)
+        ticket = Ticket(request, placement, need, need - reused, first_placement=first)
+        t.reserve(ticket)
+        self.tickets[request.request_id] = ticket
+        return placement
+
+    def _route(
+        self,
+        request: Request,
+        match: PrefixMatch,
+        now: float,
+        eligible: np.ndarray,
+        q: np.ndarray,
+        held: np.ndarray,
+        p: np.ndarray,
+        est: np.ndarray,
+    ) -> int:
+        t = self.table
+        views = [
+            WorkerView(
+                worker_id=t.infos[i].worker_id,
+                degree=int(t.degree[i]),
+                node=t.infos[i].node,
+                state=WorkerState(int(t.state[i])),
+                queue_s=float(q[i]),
+                outstanding_blocks=int(t.outstanding[i]),
+                free_blocks=int(t.free_blocks[i]),
+                held_blocks=int(held[i]),
+                cached_tokens=int(p[i]),
+                predicted_s=float(est[i]),
+            )
+            for i in np.flatnonzero(eligible)
+        ]
+        wid = self.router.choose(request, match, views, now)
+        k = t.index.get(wid)
+        if k is None or not eligible[k]:
+            raise ValueError(f"routing policy {type(self.router).__name__} chose non-candidate worker {wid}")
+        return k
+
+    def started(self, request_id: str, worker_id: int, now: float) -> bool:
+        """The engine began the prefill; False if the report is stale (request re-placed or unknown)."""
+        ticket = self.tickets.get(request_id)
+        if ticket is None or ticket.worker_id != worker_id:
+            return False
+        self.table.start(ticket, now)
+        return True
+
+    def release(self, request_id: str) -> Ticket:
+        """Remove a request (done, withdrawn, or re-placed next) and free its reservation."""
+        ticket = self.tickets.pop(request_id)
+        self.table.release(ticket)
+        return ticket
+
+    def ticket(self, request_id: str) -> Ticket | None:
+        return self.tickets.get(request_id)
+
+    def __iter__(self) -> Iterator[WorkerInfo]:
+        return iter(self.table.infos)
