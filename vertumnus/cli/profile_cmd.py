@@ -1,9 +1,175 @@
-"""Commands registered by a later part of the pipeline."""
+"""`vertumnus profile` (measure + fit + κ, or --show a profile), `vertumnus calibrate`, `vertumnus bench profile`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from vertumnus.config import VertumnusConfig, load_config
+from vertumnus.profiling.cost_model import CostProfile
+from vertumnus.profiling.flow import FitRejected, ProfileOptions, ProfileRun, run_profile
+from vertumnus.profiling.measure import GridPoint, GridSpec, parse_float_list, parse_int_list, total_runs
+from vertumnus.profiling.report import profile_table, region_table
+from vertumnus.profiling.targets import ENGINES, ProfilingTarget, make_target
+
+DEFAULT_TRACE = "../shared/traces/conversation_first15min.jsonl"
+
+
+def default_lengths(max_tokens: int) -> tuple[int, ...]:
+    """Powers of two from 256 up to ``max_tokens`` (the last 8 of them), plus ``max_tokens`` itself."""
+    below = [n for n in (1 << k for k in range(8, 21)) if n < max_tokens][-7:]
+    return (*below, max_tokens)
+
+
+def _show(path: Path, console: Console) -> None:
+    prof = CostProfile.load(path)
+    console.print(profile_table(prof, title=f"{path}"))
+    if prof.notes:
+        console.print(prof.notes, highlight=False)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
-    """Nothing registered yet."""
+    @app.command("profile")
+    def profile(
+        config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (pool, model, SLO, window)."),
+        engine: str = typer.Option("sim", "--engine", "-e", help=f"Engine to measure: {'|'.join(ENGINES)}."),
+        degrees: str | None = typer.Option(None, help="CP degrees, e.g. 1,2,4 (default: pool.degrees)."),
+        lengths: str | None = typer.Option(None, help="Prompt lengths L (default: powers of two up to the max)."),
+        prefix_ratios: str = typer.Option("0,0.25,0.5,0.75", help="Cached-prefix ratios P/L in [0, 1)."),
+        repeats: int = typer.Option(5, help="Timed repeats per point (the median is kept)."),
+        warmup: int = typer.Option(1, help="Untimed warm-up passes over the grid per degree."),
+        seed: int = typer.Option(0, help="Seed of the pass shuffles (and of the sim engine's noise)."),
+        noise: float = typer.Option(0.0, help="sim engine only: multiplicative noise exp(noise·N(0,1))."),
+        out: Path | None = typer.Option(None, "--out", "-o", help="Profile YAML to write (CSV and PNG go next to it)."),
+        max_mape: float = typer.Option(0.15, help="Refuse to write a profile whose per-degree MAPE exceeds this."),
+        force: bool = typer.Option(False, help="Write the profile even if the fit exceeds --max-mape."),
+        trace: str | None = typer.Option(DEFAULT_TRACE, help="Mooncake JSONL trace for κ_C; '' skips κ."),
+        capacity_engine: str = typer.Option("model", help="κ service times: model (fitted Ê) | real (engine)."),
+        capacity_requests: int | None = typer.Option(None, help="Trace requests used for κ (default: all; real: 200)."),
+        show: Path | None = typer.Option(None, "--show", help="Print this profile file as a table and exit."),
+    ) -> None:
+        """Measure an engine queue-free, fit E_C per degree, compute κ_C, and write a cost profile."""
+        console = Console()
+        if show is not None:
+            _show(show, console)
+            return
+        if out is None:
+            raise ValueError("--out is required (e.g. --out configs/profiles/NAME.yaml), or use --show FILE")
+        cfg = load_config(config)
+        target = make_target(engine, cfg, noise=noise, seed=seed)
+        max_tokens = min(cfg.pool.max_model_len, target.max_tokens)
+        spec = GridSpec(
+            degrees=parse_int_list(degrees, "--degrees") if degrees else tuple(cfg.pool.degrees),
+            lengths=parse_int_list(lengths, "--lengths") if lengths else default_lengths(max_tokens),
+            prefix_ratios=parse_float_list(prefix_ratios, "--prefix-ratios"),
+            repeats=repeats,
+            warmup=warmup,
+            seed=seed,
+        )
+        trace_path = _trace_path(cfg, trace)
+        opts = ProfileOptions(out, max_mape, force, trace_path, capacity_engine, capacity_requests)
+        run_and_report(target, spec, cfg, opts, console)
+
+    @app.command("calibrate")
+    def calibrate(
+        trace: Path = typer.Option(..., "--trace", "-t", help="Mooncake JSONL trace to simulate."),
+        config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (pool, cost profile, SLO)."),
+        budget: int = typer.Option(24, help="Most simulator runs to spend on the search."),
+        objective: str = typer.Option("ttft", help="ttft (mean TTFT, ties: attainment) | slo (attainment first)."),
+        seed: int = typer.Option(0, help="Seed of the candidate sampling when the grid exceeds the budget."),
+        target_rps: float | None = typer.Option(None, help="Compress the trace to this request rate."),
+        slice_s: str | None = typer.Option(None, "--slice", help="START:END seconds of the trace to use."),
+    ) -> None:
+        """Search θ_up/θ_low and the cache thresholds in the simulator; print the table and the YAML to paste."""
+        from vertumnus.profiling.calibrate import CalibrationSpec, calibrate_report
+
+        cfg = load_config(config)
+        spec = CalibrationSpec(budget=budget, objective=objective, seed=seed)
+        calibrate_report(trace, cfg, spec, Console(), target_rps=target_rps, slice_text=slice_s)
+
+    @bench_app.command("profile")
+    def bench_profile(
+        config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (model dims, pool)."),
+        engine: str = typer.Option("torch", "--engine", "-e", help=f"Engine: {'|'.join(ENGINES)}."),
+        degrees: str = typer.Option("1,2", help="CP degrees."),
+        lengths: str = typer.Option("256,512,1024,2048", help="Prompt lengths."),
+        repeats: int = typer.Option(5, help="Timed repeats per point."),
+    ) -> None:
+        """Profile an engine on a small grid (no κ, nothing kept) and print the MAPE per degree and the time."""
+        import tempfile
+        import time
+
+        cfg = load_config(config)
+        target = make_target(engine, cfg)
+        spec = GridSpec(
+            degrees=parse_int_list(degrees, "--degrees"),
+            lengths=parse_int_list(lengths, "--lengths"),
+            prefix_ratios=(0.0, 0.5),
+            repeats=repeats,
+        )
+        console = Console()
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            opts = ProfileOptions(Path(tmp) / "bench.yaml", force=True, trace=None)
+            run = run_and_report(target, spec, cfg, opts, console, show_files=False)
+            wall = time.perf_counter() - t0
+        for f in run.fits:
+            console.print(f"bench profile: engine={engine} C={f.degree} MAPE={f.mape:.2%} max_error={f.max_error:.2%}")
+        console.print(f"bench profile: {len(run.measurements)} points × {repeats} repeats in {wall:.1f} s")
+
+
+def _trace_path(cfg: VertumnusConfig, trace: str | None) -> Path | None:
+    if not trace:
+        return None
+    p = cfg.resolve_path(trace)
+    if not p.is_file():
+        raise ValueError(f"trace file not found: {trace} (give --trace PATH, or --trace '' to skip κ)")
+    return p
+
+
+def run_and_report(
+    target: ProfilingTarget,
+    spec: GridSpec,
+    cfg: VertumnusConfig,
+    opts: ProfileOptions,
+    console: Console,
+    show_files: bool = True,
+) -> ProfileRun:
+    """Run the flow under a rich progress bar, then print the region and profile tables."""
+    total = total_runs(spec, target)
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
+        task = bar.add_task(f"profiling {target.engine}", total=total)
+
+        def step(pt: GridPoint, phase: str) -> None:
+            tag = " (warm-up)" if phase == "warmup" else ""
+            bar.update(task, advance=1, description=f"C={pt.degree} L={pt.length} P={pt.p}{tag}")
+
+        def cap(degree: int) -> None:
+            bar.update(task, description=f"κ for C={degree}")
+
+        try:
+            run = run_profile(target, spec, cfg, opts, on_step=step, on_capacity=cap)
+        except FitRejected as e:
+            console.print(region_table(e.run.profile, e.run.measurements))
+            raise
+    console.print(region_table(run.profile, run.measurements))
+    console.print(profile_table(run.profile, title=f"{opts.out}"))
+    for res in run.capacity:
+        if res.kappa == 0.0:
+            console.print(
+                f"[yellow]warning: degree {res.degree} misses the SLO target even at the lightest load "
+                f"(attainment {res.points[0].attainment:.1%} < {res.target:.0%}): κ = 0[/yellow]"
+            )
+    if show_files:
+        console.print("wrote " + ", ".join(str(p) for p in run.written))
+    return run

@@ -1,0 +1,199 @@
+"""The queue-free measurement grid: (C, L, P/L) points, warm-up, repeats, medians, and the samples CSV.
+
+Robustness on a shared machine: each degree is warmed up first (``warmup`` untimed runs of every grid point
+shape, so allocator / thread-pool / gloo start-up costs never land in a sample), then the grid is measured
+``repeats`` times in *passes*, each pass in a fresh seeded shuffle of the points. A burst of foreign load then
+spreads over many points instead of inflating one point's every repeat, and the per-point *median* discards it.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vertumnus.profiling.fit import ProfileSample
+from vertumnus.profiling.targets import ProfilingTarget
+
+CSV_FIELDS = ("degree", "length", "prefix_ratio", "r", "p", "seconds", "min_s", "max_s", "repeats")
+
+
+@dataclass(slots=True, frozen=True)
+class GridSpec:
+    """What to measure. ``prefix_ratios`` are P/L in [0, 1); P is rounded down to the target's prefix_align."""
+
+    degrees: tuple[int, ...]
+    lengths: tuple[int, ...]
+    prefix_ratios: tuple[float, ...] = (0.0, 0.5)
+    repeats: int = 3
+    warmup: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.degrees or any(c < 1 or c & (c - 1) for c in self.degrees):
+            raise ValueError(f"--degrees must be powers of two ≥ 1, got {list(self.degrees)}")
+        if not self.lengths or any(n < 2 for n in self.lengths):
+            raise ValueError(f"--lengths must be integers ≥ 2, got {list(self.lengths)}")
+        if not self.prefix_ratios or any(not 0.0 <= x < 1.0 for x in self.prefix_ratios):
+            raise ValueError(f"--prefix-ratios must lie in [0, 1), got {list(self.prefix_ratios)}")
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"--repeats must be ≥ 1 and --warmup ≥ 0 (got {self.repeats}, {self.warmup})")
+
+
+@dataclass(slots=True, frozen=True)
+class GridPoint:
+    degree: int
+    length: int
+    prefix_ratio: float
+    r: int  # uncached tokens (≥ 1)
+    p: int  # cached prefix tokens (multiple of the target's prefix_align)
+
+
+@dataclass(slots=True, frozen=True)
+class Measurement:
+    """The median of a point's repeats (``seconds``), with its spread."""
+
+    point: GridPoint
+    seconds: float
+    min_s: float
+    max_s: float
+    repeats: int
+
+    def sample(self) -> ProfileSample:
+        return ProfileSample(self.point.degree, self.point.r, self.point.p, self.seconds)
+
+
+def parse_int_list(text: str, what: str) -> tuple[int, ...]:
+    """``"1,2,4"`` -> (1, 2, 4); ValueError naming the option on bad input."""
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{what}: expected comma-separated integers, got {text!r}") from None
+    if not out:
+        raise ValueError(f"{what}: empty list")
+    return out
+
+
+def parse_float_list(text: str, what: str) -> tuple[float, ...]:
+    """``"0,0.5"`` -> (0.0, 0.5); ValueError naming the option on bad input."""
+    try:
+        out = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"{what}: expected comma-separated numbers, got {text!r}") from None
+    if not out:
+        raise ValueError(f"{what}: empty list")
+    return out
+
+
+def grid_points(spec: GridSpec, prefix_align: int, max_tokens: int) -> list[GridPoint]:
+    """The (C, L, P/L) grid as points with integral R and P; duplicates (after alignment) are merged."""
+    too_long = [n for n in spec.lengths if n > max_tokens]
+    if too_long:
+        raise ValueError(f"--lengths {too_long} exceed what the engine runs (max {max_tokens} tokens)")
+    seen: set[tuple[int, int, int]] = set()
+    out: list[GridPoint] = []
+    for c in spec.degrees:
+        for n in spec.lengths:
+            for x in spec.prefix_ratios:
+                p = int(x * n) // prefix_align * prefix_align
+                if n - p < 1:
+                    p -= prefix_align
+                if (c, n, p) in seen or p < 0:
+                    continue
+                seen.add((c, n, p))
+                out.append(GridPoint(c, n, x, n - p, p))
+    return out
+
+
+def measure_grid(
+    target: ProfilingTarget,
+    spec: GridSpec,
+    on_step: Callable[[GridPoint, str], None] | None = None,
+) -> list[Measurement]:
+    """Run the grid on ``target`` degree by degree (setup → warm-up → shuffled passes → teardown).
+
+    ``on_step(point, phase)`` is called after every run (phase ``"warmup"`` or ``"measure"``) for a progress
+    bar. Returns one median :class:`Measurement` per grid point, in grid order.
+    """
+    points = grid_points(spec, target.prefix_align, target.max_tokens)
+    rng = np.random.default_rng(spec.seed)
+    out: list[Measurement] = []
+    for c in spec.degrees:
+        mine = [pt for pt in points if pt.degree == c]
+        target.setup(c)
+        try:
+            for _ in range(spec.warmup):
+                for pt in mine:
+                    target.measure(c, pt.r, pt.p)
+                    if on_step:
+                        on_step(pt, "warmup")
+            times: list[list[float]] = [[] for _ in mine]
+            for _ in range(spec.repeats):
+                for i in rng.permutation(len(mine)):
+                    s = target.measure(c, mine[i].r, mine[i].p)
+                    if not s > 0:
+                        raise ValueError(f"engine returned a non-positive time {s} for {mine[i]}")
+                    times[i].append(s)
+                    if on_step:
+                        on_step(mine[i], "measure")
+        finally:
+            target.teardown(c)
+        for pt, ts in zip(mine, times, strict=True):
+            out.append(Measurement(pt, statistics.median(ts), min(ts), max(ts), len(ts)))
+    return out
+
+
+def total_runs(spec: GridSpec, target: ProfilingTarget) -> int:
+    """How many prefills :func:`measure_grid` runs (for the progress bar)."""
+    return len(grid_points(spec, target.prefix_align, target.max_tokens)) * (spec.warmup + spec.repeats)
+
+
+def samples_path(profile_path: str | Path) -> Path:
+    """``configs/profiles/NAME.yaml`` -> ``configs/profiles/NAME.samples.csv``."""
+    p = Path(profile_path)
+    return p.with_name(p.stem + ".samples.csv")
+
+
+def plot_path(profile_path: str | Path) -> Path:
+    """``configs/profiles/NAME.yaml`` -> ``configs/profiles/NAME.fit.png``."""
+    p = Path(profile_path)
+    return p.with_name(p.stem + ".fit.png")
+
+
+def write_samples(path: str | Path, rows: Sequence[Measurement]) -> None:
+    """Write the medians (one row per grid point) as CSV with a header."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(CSV_FIELDS)
+        for m in rows:
+            pt = m.point
+            row = (pt.degree, pt.length, pt.prefix_ratio, pt.r, pt.p, repr(m.seconds), m.min_s, m.max_s, m.repeats)
+            w.writerow(row)
+
+
+def read_samples(path: str | Path) -> list[Measurement]:
+    """Read a samples CSV written by :func:`write_samples` (ValueError naming the line on bad input)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"samples file not found: {p}")
+    out: list[Measurement] = []
+    with p.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = set(CSV_FIELDS) - set(reader.fieldnames or ())
+        if missing:
+            raise ValueError(f"{p}: missing columns {sorted(missing)}")
+        for no, row in enumerate(reader, start=2):
+            try:
+                pt = GridPoint(
+                    int(row["degree"]), int(row["length"]), float(row["prefix_ratio"]), int(row["r"]), int(row["p"])
+                )
+                secs = (float(row["seconds"]), float(row["min_s"]), float(row["max_s"]))
+                out.append(Measurement(pt, *secs, int(row["repeats"])))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{p}: line {no}: {e}") from None
+    return out
