@@ -193,6 +193,9 @@ class ServingConfig(_Section):
     engine_block_tokens: int = Field(16, ge=1, description="Engine KV block size (tokens).")
     default_max_tokens: int = Field(16, ge=1, description="max_tokens when a request does not set it.")
     startup_timeout_s: float = Field(600.0, gt=0, description="Seconds to wait for every rank to come up.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Rank device: auto = one GPU per rank when the Ray cluster has GPUs, else CPU slots."
+    )
 
 
 class VertumnusConfig(_Section):
