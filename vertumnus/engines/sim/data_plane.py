@@ -136,6 +136,13 @@ class SimDataPlane:
         """Transfer time of ``blocks`` cache blocks from ``src`` to ``dst``."""
         return blocks * self.cfg.cache.bytes_per_block / self._bandwidth(src, dst)
 
+    @staticmethod
+    def _can_supply(src: SimWorker, dst: SimWorker, op: CacheOp) -> bool:
+        """Whether ``src`` holds every block of the path ``op.keys`` that ``dst`` lacks. Copies move exactly
+        those blocks (after a split the sibling holds the blocks a child is missing, not the whole path)."""
+        have, give = dst.cache, src.cache
+        return all(k in give for k in op.keys if k not in have)
+
     def _live(self, wid: int | None) -> SimWorker | None:
         w = self.workers.get(wid) if wid is not None else None
         return None if w is None or w.retired else w
@@ -207,12 +214,16 @@ class SimDataPlane:
             (tgt,) = plan.targets
             merged, ev = BlockCache.merge([s.cache for s in srcs], self.per_rank_blocks * tgt.degree)
             parts = [(tgt, merged, ev)]
-        for g, cache, evicted in parts:
+        for g, cache, _ in parts:
             self._new_worker(g, plan.epoch, cache)
+        # Acks first: the last one commits the plan in the pool, which only then tracks the targets' caches,
+        # so evictions forced by a smaller child capacity are reported after the commit.
+        for g, _, _ in parts:
+            self._ack(g, plan.epoch)
+        for g, _, evicted in parts:
             if evicted:
                 self.stats.evicted_blocks += len(evicted)
                 self._report(g.worker_id, CacheReportKind.REMOVED, evicted)
-            self._ack(g, plan.epoch)
 
     def execute(self, op: CacheOp) -> None:
         """Replicate / reconcile: copy the missing blocks, confirm with STORED(op_id). Reclaim: delete now,
@@ -224,13 +235,13 @@ class SimDataPlane:
         if dst is None or src is None:
             self.loop.push(self.loop.now, _E, self._fail, op.op_id, "source or destination worker is gone")
             return
-        if src.cache.leading(op.keys) < len(op.keys):
-            self.loop.push(self.loop.now, _E, self._fail, op.op_id, "source no longer holds the prefix")
+        if not self._can_supply(src, dst, op):
+            self.loop.push(self.loop.now, _E, self._fail, op.op_id, "source no longer holds the missing blocks")
             return
         if len(op.keys) > dst.cache.capacity:
             self.loop.push(self.loop.now, _E, self._fail, op.op_id, "prefix exceeds destination capacity")
             return
-        blocks = dst.cache.missing(op.keys, op.first_missing)
+        blocks = dst.cache.missing(op.keys)
         dur = self.copy_seconds(blocks, src, dst)
         self.stats.copies += 1
         self.stats.copied_blocks += blocks
@@ -288,13 +299,13 @@ class SimDataPlane:
         self.events.prefill_started(w.group.worker_id, job.request.request_id, self.loop.now)
         op = job.reconcile
         src = self._live(op.src_worker) if op is not None else None
-        if op is not None and (src is None or src.cache.leading(op.keys) < len(op.keys)):
+        if op is not None and (src is None or not self._can_supply(src, w, op)):
             self._fail(op.op_id, "no valid copy to reconcile from")
             op = None
         if op is None or src is None:
             self._compute(w, job, self.loop.now)
             return
-        blocks = w.cache.missing(op.keys, op.first_missing)
+        blocks = w.cache.missing(op.keys)
         dur = self.copy_seconds(blocks, src, w)
         self.stats.copies += 1
         self.stats.copied_blocks += blocks

@@ -1,0 +1,135 @@
+"""PNG plots of simulation runs (matplotlib, Agg backend: no display needed).
+
+Each function takes one or more labelled runs, so ``simulate`` (one policy) and ``compare`` / the report
+(several) draw the same figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from vertumnus.sim.metrics import per_interval
+
+
+@dataclass(slots=True)
+class PlotRun:
+    """What a plot needs from a run: label, per-request columns, composition timeline."""
+
+    label: str
+    arrays: dict[str, np.ndarray]
+    composition: list[tuple[float, dict[int, int]]]
+
+
+def ttft_cdf(runs: Sequence[PlotRun], path: Path, title: str = "TTFT CDF") -> Path:
+    """Empirical CDF of TTFT per run (completed requests), log-scaled x."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for run in runs:
+        t = np.sort(run.arrays["ttft"][~np.isnan(run.arrays["ttft"])])
+        if len(t):
+            ax.plot(t, np.arange(1, len(t) + 1) / len(t), label=run.label, lw=1.4)
+    ax.set_xscale("log")
+    ax.set_xlabel("TTFT (s)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def ttft_timeline(
+    runs: Sequence[PlotRun],
+    path: Path,
+    width_s: float = 60.0,
+    composition_of: str | None = None,
+    title: str = "Mean TTFT per minute",
+    phases: Sequence[tuple[float, float]] = (),
+) -> Path:
+    """Mean TTFT per ``width_s`` of arrival time (top) and the composition over time (bottom) of the run
+    labelled ``composition_of`` (default: the first run whose composition changed, else the first)."""
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(7.5, 5.4), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
+    end = 0.0
+    for run in runs:
+        iv = per_interval(run.arrays, width_s)
+        if len(iv["start"]):
+            ax.step(iv["start"] / 60.0, iv["mean_ttft"], where="post", label=run.label, lw=1.3)
+            end = max(end, float(iv["start"][-1]) + width_s)
+    for lo, _hi in phases[1:]:
+        ax.axvline(lo / 60.0, color="grey", ls=":", lw=0.8)
+        ax2.axvline(lo / 60.0, color="grey", ls=":", lw=0.8)
+    ax.set_ylabel("mean TTFT (s)")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    pick = _composition_run(runs, composition_of)
+    if pick is not None and pick.composition:
+        _composition_axes(ax2, pick, end)
+    ax2.set_xlabel("time (min)")
+    return _save(fig, path)
+
+
+def _composition_run(runs: Sequence[PlotRun], label: str | None) -> PlotRun | None:
+    if label is not None:
+        return next((r for r in runs if r.label == label), None)
+    return next((r for r in runs if len(r.composition) > 1), runs[0] if runs else None)
+
+
+def _composition_axes(ax: plt.Axes, run: PlotRun, end: float) -> None:
+    comp = run.composition
+    degrees = sorted({c for _, counts in comp for c in counts})
+    times = [t for t, _ in comp] + [max(end, comp[-1][0])]
+    for c in degrees:
+        ys = [counts.get(c, 0) for _, counts in comp]
+        ax.step(np.array(times) / 60.0, [*ys, ys[-1]], where="post", label=f"CP{c} workers", lw=1.4)
+    ax.set_ylabel("workers")
+    ax.set_title(f"composition ({run.label})", fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+
+
+def hit_rate_timeline(runs: Sequence[PlotRun], path: Path, width_s: float = 60.0) -> Path:
+    """Token prefix hit rate per ``width_s`` of arrival time."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for run in runs:
+        iv = per_interval(run.arrays, width_s)
+        if len(iv["start"]):
+            ax.step(iv["start"] / 60.0, iv["hit_rate"], where="post", label=run.label, lw=1.3)
+    ax.set_xlabel("time (min)")
+    ax.set_ylabel("prefix hit rate (tokens)")
+    ax.set_ylim(0, 1)
+    ax.set_title("Prefix hit rate over time")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def bars(labels: Sequence[str], series: dict[str, Sequence[float]], path: Path, ylabel: str, title: str) -> Path:
+    """Grouped bars: one group per label, one bar per series (e.g. rates × policies)."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    n = max(len(series), 1)
+    width = 0.8 / n
+    x = np.arange(len(labels))
+    for k, (name, ys) in enumerate(series.items()):
+        ax.bar(x + (k - (n - 1) / 2) * width, ys, width, label=name)
+    ax.set_xticks(x, labels)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, ncol=3)
+    return _save(fig, path)
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
