@@ -1,0 +1,161 @@
+"""The window-based controller: measure each window, decide a direction, pick one lattice move, run it.
+
+Operation choice among topology-compatible moves of the decided direction (all participants ACTIVE):
+  1. smallest predicted drain time = max q_w(now) over the participating workers (they drain in parallel);
+  2. then the least expected KV-reconciliation traffic (``cache.reconcile_traffic(plan)``), evaluated only
+     for the moves tied on (1);
+  3. then the lowest source worker id (deterministic).
+A merge of two degree-C siblings is admitted only if the merged composition still has D_k ≤ θ_up·K', with
+K' = K − 2κ_C + κ_{2C}.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from vertumnus.config import VertumnusConfig
+from vertumnus.controller.epochs import EpochManager
+from vertumnus.controller.initial import History
+from vertumnus.controller.lattice import Lattice, LatticeOp
+from vertumnus.controller.rules import Direction, WindowAccount, WindowReport
+from vertumnus.profiling.cost_model import CostModel
+from vertumnus.types import ReconfigKind, ReconfigPlan, WorkerState
+
+
+class TrafficEstimator(Protocol):
+    def reconcile_traffic(self, plan: ReconfigPlan) -> float: ...
+
+
+@dataclass(slots=True)
+class Candidate:
+    op: LatticeOp
+    drain_s: float
+    traffic: float | None = None
+
+
+class Controller:
+    """Owns the lattice, the window account and the epoch protocol (through :class:`EpochManager`)."""
+
+    def __init__(
+        self,
+        cfg: VertumnusConfig,
+        cost: CostModel,
+        lattice: Lattice,
+        epochs: EpochManager,
+        traffic: TrafficEstimator,
+        history: History | None = None,
+    ) -> None:
+        cc = cfg.controller
+        self.enabled = cc.enabled
+        self.window_s = cc.window_s
+        self.theta_up = cc.theta_up
+        self.theta_low = cc.theta_low
+        self.delta_long = cc.delta_long
+        self.long_threshold = cc.long_threshold_tokens
+        self.persist_windows = cc.persist_windows
+        self.lattice = lattice
+        self.epochs = epochs
+        self.traffic = traffic
+        self.account = WindowAccount(history.long_share if history is not None else None)
+        self.reports: deque[WindowReport] = deque(maxlen=256)
+        self.next_window_end = float("inf")
+        self._kappa: dict[int, float] = {}
+        if self.enabled:
+            self._kappa = {c: cost.kappa(c, self.window_s) for c in lattice.degrees}
+
+    def start(self, now: float) -> None:
+        """Open the first window at ``now``."""
+        if self.enabled:
+            self.next_window_end = now + self.window_s
+
+    def capacity(self, composition: dict[int, int] | None = None) -> float:
+        """K = Σ_w κ_{C_w} over a composition (default: the current one)."""
+        comp = self.lattice.composition() if composition is None else composition
+        return sum(self._kappa[c] * n for c, n in comp.items())
+
+    def observe(self, predicted_s: float, input_len: int) -> None:
+        """A request's first placement in the current window (adds Ê_{i,w_i} to D_k)."""
+        self.account.observe(predicted_s, input_len > self.long_threshold)
+
+    def end_window(self, now: float, queue_s: Callable[[int], float]) -> WindowReport:
+        """Close the window ending at ``self.next_window_end`` and maybe begin one operation."""
+        end = self.next_window_end
+        self.next_window_end = end + self.window_s
+        cap = self.capacity()
+        report = self.account.close(end, cap, self.theta_low, self.theta_up, self.delta_long)
+        self.reports.append(report)
+        if self.epochs.current is not None:
+            self.account.busy()
+            return report
+        chosen: Candidate | None = None
+        if report.signal != Direction.NONE:
+            kind = ReconfigKind.SPLIT if report.signal == Direction.SPLIT else ReconfigKind.MERGE
+            chosen = self.choose(kind, report.demand_s, queue_s)
+        direction = report.signal if chosen is not None else Direction.NONE
+        if self.account.persist(report, direction, self.persist_windows) and chosen is not None:
+            self.account.acted(report)
+            self.epochs.begin(self._plan(chosen), now)
+        return report
+
+    def candidates(self, kind: ReconfigKind, demand_s: float, queue_s: Callable[[int], float]) -> list[Candidate]:
+        """Admissible moves of one kind with their predicted drain times (merge admission applied)."""
+        cap = self.capacity()
+        out: list[Candidate] = []
+        for op in self.lattice.ops(kind):
+            if any(self.epochs.scheduler.state(s.worker_id) != WorkerState.ACTIVE for s in op.sources):
+                continue
+            if kind == ReconfigKind.MERGE:
+                c = op.sources[0].degree
+                merged = cap - 2 * self._kappa[c] + self._kappa[2 * c]
+                if demand_s > self.theta_up * merged:
+                    continue
+            out.append(Candidate(op, max(queue_s(s.worker_id) for s in op.sources)))
+        return out
+
+    def choose(self, kind: ReconfigKind, demand_s: float, queue_s: Callable[[int], float]) -> Candidate | None:
+        """The move to make: smallest drain, then least reconciliation traffic, then lowest source id."""
+        cands = self.candidates(kind, demand_s, queue_s)
+        if not cands:
+            return None
+        best_drain = min(c.drain_s for c in cands)
+        tied = [c for c in cands if c.drain_s == best_drain]
+        for c in tied:
+            c.traffic = self.traffic.reconcile_traffic(self.epochs.next_plan(c.op, c.drain_s))
+        return min(tied, key=lambda c: (c.traffic, c.op.sources[0].worker_id))
+
+    def _plan(self, c: Candidate) -> ReconfigPlan:
+        return self.epochs.next_plan(c.op, c.drain_s, c.traffic or 0.0)
+
+    def manual(self, kind: ReconfigKind, worker_id: int, now: float, queue_s: Callable[[int], float]) -> ReconfigPlan:
+        """Admin split / merge of a given worker; ValueError with a clear message when impossible."""
+        if self.epochs.current is not None:
+            raise ValueError(f"a {self.epochs.current.plan.kind.name.lower()} is in progress; one operation at a time")
+        if worker_id not in self.lattice.groups:
+            raise ValueError(f"no worker {worker_id} in the pool (workers: {sorted(self.lattice.groups)})")
+        g = self.lattice.groups[worker_id]
+        if kind == ReconfigKind.SPLIT:
+            op = self.lattice.split_of(worker_id)
+            if op is None:
+                raise ValueError(
+                    f"cannot split worker {worker_id} (CP{g.degree}): degree {g.degree // 2} is not allowed "
+                    f"(degrees {list(self.lattice.degrees)})"
+                )
+        else:
+            op = self.lattice.merge_of(worker_id)
+            if op is None:
+                raise ValueError(
+                    f"cannot merge worker {worker_id} (CP{g.degree}, node {g.node}, ranks {g.first_rank}.."
+                    f"{g.first_rank + g.degree - 1}): no CP{g.degree} sibling or CP{2 * g.degree} not allowed"
+                )
+        for s in op.sources:
+            st = self.epochs.scheduler.state(s.worker_id)
+            if st != WorkerState.ACTIVE:
+                raise ValueError(f"worker {s.worker_id} is {st.name}, not ACTIVE")
+        cand = Candidate(op, max(queue_s(s.worker_id) for s in op.sources))
+        cand.traffic = self.traffic.reconcile_traffic(self.epochs.next_plan(op, cand.drain_s))
+        plan = self._plan(cand)
+        self.epochs.begin(plan, now)
+        return plan

@@ -1,0 +1,117 @@
+"""Window accounting and the split / merge rules (DESIGN.md §2).
+
+Per window H_k the pool reports each request's first placement: D_k = Σ Ê_{i,w_i}, the request count and
+the count of long requests (L > long_threshold_tokens). At the window end, with K = Σ_w κ_{C_w}:
+
+    ρ_k > θ_up                                   → SPLIT   (capacity signal)
+    ρ_k < θ_low                                  → MERGE   (capacity signal)
+    θ_low ≤ ρ_k ≤ θ_up and |f_k − f_ref| > Δ_long → MERGE if f_k > f_ref else SPLIT   (long-share signal)
+
+The capacity signal is evaluated first, so it wins whenever the two conflict. The long-share reference f_ref
+is the share at the last reconfiguration (initially the history's share, else the first non-empty window's).
+Persistence: a direction acts only after ``persist_windows`` consecutive windows wanting it *and* having an
+admissible operation; any other window resets the streak, and so does acting. Windows that end while an
+operation is in flight do not count (their demand was measured on a composition in transition).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class Direction(IntEnum):
+    NONE = 0
+    SPLIT = 1
+    MERGE = 2
+
+
+@dataclass(slots=True)
+class WindowReport:
+    """What one window end measured and decided (kept for snapshots, tests and reports)."""
+
+    index: int
+    end_s: float
+    demand_s: float
+    capacity_s: float
+    rho: float
+    requests: int
+    long_fraction: float | None
+    signal: Direction  # raw rule output before admission
+    reason: str
+    direction: Direction = Direction.NONE  # after admission (an operation exists)
+    streak: int = 0
+    acted: bool = False
+
+
+def signal(
+    rho: float, long_fraction: float | None, ref_long: float | None, theta_low: float, theta_up: float, delta: float
+) -> tuple[Direction, str]:
+    """The rule of the module docstring (before persistence and merge admission)."""
+    if rho > theta_up:
+        return Direction.SPLIT, f"rho {rho:.3f} > theta_up {theta_up}"
+    if rho < theta_low:
+        return Direction.MERGE, f"rho {rho:.3f} < theta_low {theta_low}"
+    if long_fraction is not None and ref_long is not None and abs(long_fraction - ref_long) > delta:
+        if long_fraction > ref_long:
+            return Direction.MERGE, f"long share {long_fraction:.3f} rose from {ref_long:.3f}"
+        return Direction.SPLIT, f"long share {long_fraction:.3f} fell from {ref_long:.3f}"
+    return Direction.NONE, "within band"
+
+
+class WindowAccount:
+    """Running sums of the current window plus the persistence streak."""
+
+    __slots__ = ("demand_s", "index", "long", "ref_long", "requests", "streak", "streak_dir")
+
+    def __init__(self, ref_long: float | None = None) -> None:
+        self.index = 0
+        self.demand_s = 0.0
+        self.requests = 0
+        self.long = 0
+        self.ref_long = ref_long
+        self.streak = 0
+        self.streak_dir = Direction.NONE
+
+    def observe(self, predicted_s: float, is_long: bool) -> None:
+        """Count one request's first placement in the current window."""
+        self.demand_s += predicted_s
+        self.requests += 1
+        self.long += is_long
+
+    def close(self, end_s: float, capacity_s: float, theta_low: float, theta_up: float, delta: float) -> WindowReport:
+        """End the window: compute ρ and the raw signal, reset the sums (streak is updated by :meth:`persist`)."""
+        frac = self.long / self.requests if self.requests else None
+        if self.ref_long is None and frac is not None:
+            self.ref_long = frac
+        rho = self.demand_s / capacity_s if capacity_s > 0 else float("inf")
+        sig, reason = signal(rho, frac, self.ref_long, theta_low, theta_up, delta)
+        report = WindowReport(self.index, end_s, self.demand_s, capacity_s, rho, self.requests, frac, sig, reason)
+        self.index += 1
+        self.demand_s = 0.0
+        self.requests = 0
+        self.long = 0
+        return report
+
+    def persist(self, report: WindowReport, direction: Direction, persist_windows: int) -> bool:
+        """Update the streak with the admitted direction; True when it has held long enough to act."""
+        report.direction = direction
+        if direction == Direction.NONE:
+            self.streak, self.streak_dir = 0, Direction.NONE
+        elif direction == self.streak_dir:
+            self.streak += 1
+        else:
+            self.streak, self.streak_dir = 1, direction
+        report.streak = self.streak
+        return direction != Direction.NONE and self.streak >= persist_windows
+
+    def acted(self, report: WindowReport) -> None:
+        """An operation started: reset the streak and move the long-share reference to this window's."""
+        report.acted = True
+        self.streak, self.streak_dir = 0, Direction.NONE
+        if report.long_fraction is not None:
+            self.ref_long = report.long_fraction
+
+    def busy(self) -> None:
+        """A window ended during an operation: it does not count towards persistence."""
+        self.streak, self.streak_dir = 0, Direction.NONE
