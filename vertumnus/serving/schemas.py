@@ -157,6 +157,7 @@ class ModelList(BaseModel):
 class ReconfigureRequest(_Body):
     op: Literal["split", "merge"]
     worker: int
+    wait: bool = False  # answer only once the target workers are ACTIVE
 
 
 class ErrorInfo(BaseModel):

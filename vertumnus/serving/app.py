@@ -1,0 +1,152 @@
+"""The FastAPI application: OpenAI-compatible generation, pool introspection, admin reconfiguration, metrics.
+
+Routes::
+
+    POST /v1/completions, /v1/chat/completions   generation (JSON or SSE with "stream": true)
+    GET  /v1/models                              the served model
+    GET  /health                                 200 {"status": "ok"} once every initial worker is ACTIVE
+    GET  /metrics                                Prometheus text format (docs/metrics.md)
+    GET  /v1/pool                                workers (id, engine, degree, ranks, state, epoch, outstanding
+                                                 workload, cached blocks), composition, decode side
+    POST /v1/pool/reconfigure                    {"op": "split"|"merge", "worker": id[, "wait": bool]}; needs
+                                                 "Authorization: Bearer <serving.admin_token>" (403 when unset)
+    GET  /v1/requests/{id}                       timing breakdown of a recent request
+
+The app owns no threads: the runtime, the pool and every engine callback run on uvicorn's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from vertumnus.serving.errors import APIError, install_error_handlers
+from vertumnus.serving.openai_api import OpenAIHandlers, parse_body
+from vertumnus.serving.runtime import ServingRuntime
+from vertumnus.serving.schemas import ModelCard, ModelList, ReconfigureRequest
+from vertumnus.serving.tokenizer import ByteTokenizer
+from vertumnus.types import ReconfigKind, ReconfigPlan
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def create_app(runtime: ServingRuntime, manage_runtime: bool = True) -> FastAPI:
+    """Build the app over ``runtime``; with ``manage_runtime`` the app starts and closes it (lifespan)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if manage_runtime:
+            await runtime.start(runtime.cfg.serving.startup_timeout_s)
+        try:
+            yield
+        finally:
+            if manage_runtime:
+                await runtime.close()
+
+    app = FastAPI(title="Vertumnus", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    cfg = runtime.cfg
+    handlers = OpenAIHandlers(runtime, ByteTokenizer(cfg.model.vocab_size))
+    app.post("/v1/completions")(handlers.completions)
+    app.post("/v1/chat/completions")(handlers.chat)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = ModelCard(id=cfg.model.name, max_model_len=cfg.pool.max_model_len)
+        return ModelList(data=[card]).model_dump()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not runtime.ready:
+            raise APIError(503, "starting", code="not_ready")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(runtime.metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    @app.get("/v1/pool")
+    async def pool() -> dict[str, Any]:
+        snap = runtime.pool.snapshot()
+        return {
+            "engine": runtime.engine_name,
+            "composition": snap.composition,
+            "epoch": snap.epoch,
+            "workers": [r.as_json() for r in runtime.worker_rows(snap)],
+            "backlog": snap.backlog,
+            "placed": snap.inflight,
+            "inflight": runtime.inflight,
+            "reconfiguring": snap.reconfiguring,
+            "reconfigs_done": snap.reconfigs_done,
+            "last_window": snap.last_window,
+            "cache": snap.cache,
+            "decode": await runtime.decode.stats(),
+        }
+
+    @app.get("/v1/requests/{request_id}")
+    async def request_timing(request_id: str) -> dict[str, object]:
+        tl = runtime.timelines.get(request_id)
+        if tl is None:
+            raise APIError(404, f"no recent request with id {request_id!r}", param="request_id", code="not_found")
+        return tl.as_json()
+
+    @app.post("/v1/pool/reconfigure")
+    async def reconfigure(raw: Request) -> dict[str, Any]:
+        _check_admin(raw, cfg.serving.admin_token)
+        body = await parse_body(raw, ReconfigureRequest)
+        try:
+            plan = runtime.reconfigure(body.op, body.worker)
+        except ValueError as e:
+            raise APIError(
+                409, f"{body.op} of worker {body.worker} refused: {e}", param="worker", code="reconfiguration_refused"
+            ) from None
+        if body.wait:
+            await _wait_active(runtime, plan, cfg.serving.startup_timeout_s)
+        return plan_json(plan)
+
+    return app
+
+
+def _check_admin(raw: Request, token: str | None) -> None:
+    """403 while admin is disabled (no token configured); 401 unless the Bearer token matches."""
+    if not token:
+        raise APIError(
+            403, "pool reconfiguration is disabled (serving.admin_token is not configured)", code="admin_disabled"
+        )
+    auth = raw.headers.get("authorization", "")
+    scheme, _, given = auth.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise APIError(401, "missing or wrong admin Bearer token", code="invalid_admin_token")
+
+
+async def _wait_active(runtime: ServingRuntime, plan: ReconfigPlan, timeout_s: float) -> None:
+    """Until every target worker of ``plan`` is ACTIVE (its ranks acked the new epoch)."""
+    targets = {g.worker_id for g in plan.targets}
+    deadline = runtime.clock() + timeout_s
+    while runtime.clock() < deadline:
+        active = {r.worker_id for r in runtime.worker_rows() if r.state == "active"}
+        if targets <= active:
+            return
+        await asyncio.sleep(0.05)
+    raise APIError(500, f"reconfiguration to epoch {plan.epoch} did not complete within {timeout_s:.0f} s")
+
+
+def plan_json(plan: ReconfigPlan) -> dict[str, Any]:
+    """A reconfiguration plan as the admin endpoint returns it."""
+
+    def groups(gs: Any) -> list[dict[str, Any]]:
+        return [{"id": g.worker_id, "node": g.node, "degree": g.degree, "ranks": list(g.ranks)} for g in gs]
+
+    return {
+        "op": "split" if plan.kind == ReconfigKind.SPLIT else "merge",
+        "sources": groups(plan.sources),
+        "targets": groups(plan.targets),
+        "epoch": plan.epoch,
+        "predicted_drain_s": plan.predicted_drain_s,
+    }

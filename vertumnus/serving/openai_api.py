@@ -1,0 +1,263 @@
+"""``POST /v1/completions`` and ``POST /v1/chat/completions``: parse, tokenize, admit, place, decode, format.
+
+The body is read and validated inside the handler (not by FastAPI's dependency layer) so that the request's
+arrival instant precedes parsing (the router-overhead measurement starts at "HTTP in") and so that malformed
+JSON (400) and schema violations (422) get OpenAI-style bodies from one place.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from vertumnus.serving.errors import APIError
+from vertumnus.serving.runtime import ServingRuntime, Submission
+from vertumnus.serving.sampling import SamplingParams
+from vertumnus.serving.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    Usage,
+    _SamplingFields,
+)
+from vertumnus.serving.tokenizer import END, EOS, ByteTokenizer, ChatTurn, TextStream
+
+B = TypeVar("B", bound=BaseModel)
+
+
+async def parse_body(raw: Request, model: type[B]) -> B:
+    """Validate the JSON body: 400 when it is not JSON, 422 (param = field path) when it breaks the schema."""
+    data = await raw.body()
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        if first["type"] == "json_invalid":
+            raise APIError(400, f"request body is not valid JSON: {first['msg']}", code="invalid_json") from None
+        param = ".".join(str(p) for p in first["loc"]) or None
+        msg = "field required" if first["type"] == "missing" else first["msg"]
+        raise APIError(422, f"{param}: {msg}" if param else msg, param=param, code="invalid_value") from None
+
+
+class OpenAIHandlers:
+    """The two generation endpoints over one :class:`ServingRuntime`."""
+
+    def __init__(self, runtime: ServingRuntime, tokenizer: ByteTokenizer) -> None:
+        self.rt = runtime
+        self.tok = tokenizer
+        self.model_name = runtime.cfg.model.name
+        self.default_max_tokens = runtime.cfg.serving.default_max_tokens
+        self.max_model_len = runtime.cfg.pool.max_model_len
+
+    # -- endpoints ------------------------------------------------------------------------------------------
+    async def completions(self, raw: Request) -> Any:
+        arrival = self.rt.clock()
+        body = await parse_body(raw, CompletionRequest)
+        self._check_model(body.model)
+        if isinstance(body.prompt, str):
+            ids = self.tok.encode(body.prompt)
+        else:
+            ids = list(body.prompt)  # type: ignore[arg-type]
+            try:
+                self.tok.check_ids(ids)
+            except ValueError as e:
+                raise APIError(400, str(e), param="prompt", code="invalid_token_ids") from None
+        return await self._run(body, ids, frozenset({EOS}), "cmpl", arrival, chat=False)
+
+    async def chat(self, raw: Request) -> Any:
+        arrival = self.rt.clock()
+        body = await parse_body(raw, ChatCompletionRequest)
+        self._check_model(body.model)
+        ids = self.tok.apply_chat_template([ChatTurn(m.role, m.text()) for m in body.messages])
+        if body.max_completion_tokens is not None:
+            body.max_tokens = body.max_completion_tokens
+        return await self._run(body, ids, frozenset({EOS, END}), "chatcmpl", arrival, chat=True)
+
+    # -- shared ---------------------------------------------------------------------------------------------
+    def _check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise APIError(
+                404,
+                f"The model `{name}` does not exist; this server serves `{self.model_name}`",
+                param="model",
+                code="model_not_found",
+            )
+
+    async def _run(
+        self, body: _SamplingFields, ids: list[int], ends: frozenset[int], prefix: str, arrival: float, chat: bool
+    ) -> Any:
+        rt = self.rt
+        rt.check_length(len(ids))
+        max_tokens = body.max_tokens or self.default_max_tokens
+        if len(ids) + max_tokens > self.max_model_len:
+            raise APIError(
+                400,
+                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context "
+                f"limit of {self.max_model_len} tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        eos = frozenset() if body.ignore_eos else ends
+        stop_ids = frozenset(body.stop_token_ids or ())
+        params = SamplingParams(max_tokens, body.temperature, body.top_p, body.seed, stop_ids)
+        rt.admit()
+        try:
+            rid = rt.new_request_id(prefix)
+            slo = None if body.ttft_slo_ms is None else body.ttft_slo_ms / 1000.0
+            sub = rt.submit(rid, ids, max_tokens, slo, body.user, arrival)
+        except BaseException:
+            rt.release()
+            raise
+        gen = _Generation(rt, sub, params, eos | stop_ids, TextStream(self.tok, body.stop_list()))
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            fmt = _ChatChunks(rid, self.model_name) if chat else _TextChunks(rid, self.model_name)
+            return StreamingResponse(
+                _sse(gen, fmt, include_usage, body.return_token_ids),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        text, token_ids, reason = await gen.collect()
+        usage = Usage(
+            prompt_tokens=len(ids),
+            completion_tokens=len(token_ids),
+            total_tokens=len(ids) + len(token_ids),
+            prompt_tokens_details={"cached_tokens": sub.timeline.cached_tokens},
+        )
+        tids = token_ids if body.return_token_ids else None
+        resp: BaseModel
+        if chat:
+            resp = ChatCompletionResponse(
+                id=rid,
+                model=self.model_name,
+                usage=usage,
+                choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=reason, token_ids=tids)],
+            )
+        else:
+            resp = CompletionResponse(
+                id=rid,
+                model=self.model_name,
+                usage=usage,
+                choices=[CompletionChoice(text=text, finish_reason=reason, token_ids=tids)],
+            )
+        return JSONResponse(resp.model_dump(exclude_none=False))
+
+
+class _Generation:
+    """One request's decode stream turned into text deltas, with stop strings; releases its admission slot."""
+
+    def __init__(
+        self, rt: ServingRuntime, sub: Submission, params: SamplingParams, eos: frozenset[int], text: TextStream
+    ) -> None:
+        self.rt, self.sub, self.params, self.eos, self.text = rt, sub, params, eos, text
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+
+    async def deltas(self) -> AsyncIterator[tuple[str, list[int]]]:
+        """(text delta, new token ids) pairs; sets ``finish_reason`` before the iteration ends."""
+        stream = self.rt.stream(self.sub, self.params, self.eos)
+        try:
+            async for chunk in stream:
+                self.token_ids.extend(chunk.token_ids)
+                delta = self.text.feed(chunk.token_ids)
+                if self.text.stopped:
+                    self.finish_reason = "stop"
+                    self.rt.finish_early(self.sub, "stop")
+                    yield delta, chunk.token_ids
+                    return
+                if chunk.finish_reason is not None:
+                    self.finish_reason = chunk.finish_reason
+                    delta += self.text.flush()
+                yield delta, chunk.token_ids
+        finally:
+            await stream.aclose()
+            self.rt.release()
+
+    async def collect(self) -> tuple[str, list[int], str | None]:
+        async for _ in self.deltas():
+            pass
+        return self.text.text, self.token_ids, self.finish_reason
+
+
+class _TextChunks:
+    def __init__(self, rid: str, model: str) -> None:
+        self.base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model}
+
+    def first(self) -> dict[str, Any] | None:
+        return None
+
+    def delta(self, text: str, reason: str | None, ids: list[int] | None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+        if ids is not None:
+            choice["token_ids"] = ids
+        return {**self.base, "choices": [choice]}
+
+
+class _ChatChunks:
+    def __init__(self, rid: str, model: str) -> None:
+        self.base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+
+    def first(self) -> dict[str, Any] | None:
+        return {
+            **self.base,
+            "choices": [
+                {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None}
+            ],
+        }
+
+    def delta(self, text: str, reason: str | None, ids: list[int] | None) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": {"content": text} if text else {},
+            "finish_reason": reason,
+            "logprobs": None,
+        }
+        if ids is not None:
+            choice["token_ids"] = ids
+        return {**self.base, "choices": [choice]}
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _sse(
+    gen: _Generation, fmt: _TextChunks | _ChatChunks, include_usage: bool, with_ids: bool
+) -> AsyncIterator[bytes]:
+    """Server-sent events: chunks, the finishing chunk, optional usage, ``[DONE]``. An error after the headers
+    went out is sent as an error event (the status line is already 200)."""
+    try:
+        first = fmt.first()
+        if first is not None:
+            yield _event(first)
+        async for delta, ids in gen.deltas():
+            if delta or with_ids:
+                yield _event(fmt.delta(delta, None, ids if with_ids else None))
+        yield _event(fmt.delta("", gen.finish_reason or "stop", None))
+        if include_usage:
+            p, c = gen.sub.timeline.prompt_tokens, len(gen.token_ids)
+            yield _event(
+                {
+                    **fmt.base,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": p,
+                        "completion_tokens": c,
+                        "total_tokens": p + c,
+                        "prompt_tokens_details": {"cached_tokens": gen.sub.timeline.cached_tokens},
+                    },
+                }
+            )
+    except APIError as e:
+        yield _event(e.body())
+    yield b"data: [DONE]\n\n"

@@ -1,0 +1,330 @@
+"""The serving runtime: one asyncio loop owns the prefill pool, the data plane's callbacks, decode and metrics.
+
+Why the pool lives in the server process (not in a separate scheduler actor): every request must be placed by
+the scheduler before any engine work starts, so an actor would add a Ray round trip (~1 ms on this class of
+machine, more under load) to the critical path of every request and serialise the pool behind an actor mailbox
+anyway. Inside the server, placement is a plain call on the same event loop that parsed the request; engine
+callbacks (``EngineEvents``) arrive as asyncio tasks on that loop, so the pool sees a strictly serial stream of
+calls without locks. Ray still hosts everything that holds GPU/CPU work and state worth isolating: rank actors
+(weights, KV) and decode actors. If the server process dies, HTTP is gone regardless of where the pool lives.
+
+Request lifecycle (all on the loop)::
+
+    admit (429 past serving.max_inflight) ─► Request(block keys hashed once) ─► pool.submit ─► ... engine ...
+    ─► pool listener request_done (exactly once) ─► take hand-off ─► decode stream ─► first token (TTFT) ─► done
+
+A client that goes away closes the generator: before its prefill finished the request is marked cancelled and
+its hand-off is dropped on arrival (the prefill itself is not interrupted: a CP step is not preemptible); during
+decode the backend's ``abort`` frees the decode KV at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from vertumnus.cache.block_keys import keys_from_tokens
+from vertumnus.config import VertumnusConfig
+from vertumnus.interfaces import DataPlane
+from vertumnus.pool import PoolSnapshot, PrefillPool, RequestRejected
+from vertumnus.profiling.cost_model import CostModel
+from vertumnus.serving.errors import APIError
+from vertumnus.serving.handoff import DecodeBackend, DecodeChunk, DecodeRequest, Handoff, HandoffSource
+from vertumnus.serving.metrics import ServingMetrics, WorkerRow
+from vertumnus.serving.observed import ObservedDataPlane
+from vertumnus.serving.sampling import SamplingParams
+from vertumnus.serving.timeline import Timeline, TimelineLog
+from vertumnus.types import CacheOp, CacheOpKind, Placement, PrefillResult, ReconfigKind, ReconfigPlan, Request
+
+log = logging.getLogger("vertumnus.serving")
+
+
+@dataclass(slots=True)
+class Submission:
+    """A placed request: its prefill's hand-off arrives on ``future`` (exactly once)."""
+
+    request: Request
+    timeline: Timeline
+    future: asyncio.Future[Handoff]
+    cancelled: bool = False
+
+
+class ServingRuntime:
+    """Pool + data plane + decode backend + metrics of one server (see module docstring)."""
+
+    def __init__(
+        self,
+        cfg: VertumnusConfig,
+        data_plane: DataPlane,
+        decode: DecodeBackend,
+        cost: CostModel,
+        engine_name: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.engine_name = engine_name
+        self.decode = decode
+        self.data_plane = ObservedDataPlane(data_plane, self)
+        self.pool = PrefillPool(cfg, cost, self.data_plane, clock)
+        self.pool.add_listener(self)
+        self.metrics = ServingMetrics(self.worker_rows, cfg.pool.degrees)
+        self.timelines = TimelineLog()
+        self.block_tokens = cfg.cache.block_tokens
+        self.max_inflight = cfg.serving.max_inflight
+        self.inflight = 0
+        self._pending: dict[str, Submission] = {}
+        self._timer: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self.ready = False
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    async def start(self, timeout_s: float = 600.0) -> None:
+        """Start decode and the pool; return once every initial worker acknowledged its epoch (ACTIVE)."""
+        await self.decode.start()
+        self.pool.start()
+        deadline = self.clock() + timeout_s
+        while not all(r.state == "active" for r in self.worker_rows()):
+            if self.clock() > deadline:
+                raise RuntimeError("prefill workers did not become ACTIVE in time: " + repr(self.worker_rows()))
+            await asyncio.sleep(0.05)
+        self._timer = asyncio.create_task(self._timer_loop(), name="vertumnus-controller-timer")
+        self.ready = True
+
+    async def close(self) -> None:
+        """Stop the timer, decode and the data plane (idempotent)."""
+        self.ready = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        await self.decode.close()
+        self.data_plane.close()
+
+    async def _timer_loop(self) -> None:
+        """Window ends (controller) and cache scans; re-checks at least every 0.25 s because a submit may move
+        the next timer earlier."""
+        while True:
+            delay = min(max(self.pool.next_timer() - self.clock(), 0.0), 0.25)
+            await asyncio.sleep(delay)
+            try:
+                self.pool.on_timer(self.clock())
+            except Exception:  # a policy bug must not stop the server; it is logged and retried next tick
+                log.exception("pool timer failed")
+
+    # -- requests -------------------------------------------------------------------------------------------
+    def new_request_id(self, prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+    def admit(self) -> None:
+        """Reserve an in-flight slot or raise 429 / 503."""
+        if not self.ready:
+            raise APIError(503, "the prefill pool is not ready yet", code="not_ready", headers={"Retry-After": "1"})
+        if self.inflight >= self.max_inflight:
+            self.metrics.requests.labels("rate_limited").inc()
+            raise APIError(
+                429,
+                f"too many requests in flight (serving.max_inflight={self.max_inflight}); retry shortly",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": "1"},
+            )
+        self.inflight += 1
+        self.metrics.inflight.set(self.inflight)
+
+    def release(self) -> None:
+        self.inflight -= 1
+        self.metrics.inflight.set(self.inflight)
+
+    def check_length(self, n_tokens: int) -> None:
+        """400 naming the limit when a prompt exceeds every worker's limit (before any work is queued)."""
+        limit = self.cfg.pool.max_model_len
+        if n_tokens > limit:
+            self.metrics.requests.labels("too_long").inc()
+            raise APIError(
+                400,
+                f"prompt has {n_tokens} tokens; the largest worker accepts at most {limit} tokens (max_model_len)",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        max_tokens: int,
+        slo_s: float | None,
+        user: str | None,
+        arrival_s: float,
+    ) -> Submission:
+        """Hash the prompt's blocks once and place the request on the pool (raises 400 when no worker could
+        ever serve it). The caller holds an admission slot (:meth:`admit`) and then consumes :meth:`stream`."""
+        n = len(prompt_ids)
+        slo = slo_s if slo_s is not None else self.cfg.slo.base_s + self.cfg.slo.per_token_s * n
+        tl = Timeline(request_id, arrival_s, n, slo, user=user)
+        req = Request(
+            request_id,
+            arrival_s,
+            n,
+            keys_from_tokens(prompt_ids, self.block_tokens),
+            output_len=max_tokens,
+            slo_s=slo,
+            token_ids=prompt_ids,
+        )
+        fut: asyncio.Future[Handoff] = asyncio.get_running_loop().create_future()
+        sub = Submission(req, tl, fut)
+        self._pending[request_id] = sub
+        try:
+            self.pool.submit(req)
+        except RequestRejected as e:
+            self._pending.pop(request_id, None)
+            self.metrics.requests.labels("too_long" if e.reason == "too_long" else "rejected").inc()
+            raise APIError(400, str(e), param="prompt", code=e.reason) from None
+        self.timelines.add(tl)
+        tl.placed_s = self.clock()
+        self.metrics.router.observe(tl.placed_s - arrival_s)
+        return sub
+
+    async def stream(
+        self, sub: Submission, params: SamplingParams, eos_ids: frozenset[int]
+    ) -> AsyncGenerator[DecodeChunk, None]:
+        """Wait for the request's prefill, then stream its decode chunks. Closing the iterator early (client
+        gone, stop string) cancels the request and frees its decode KV."""
+        tl = sub.timeline
+        request_id = tl.request_id
+        in_decode = False
+        finished = False
+        try:
+            handoff = await sub.future
+            in_decode = True
+            async for chunk in self.decode.stream(DecodeRequest(handoff, params, eos_ids)):
+                if tl.first_token_s is None and chunk.token_ids:
+                    tl.first_token_s = self.clock()
+                    self.metrics.observe_ttft(tl.first_token_s - tl.arrival_s, tl.prompt_tokens, tl.slo_s)
+                    if tl.prefill_done_s is not None:
+                        self.metrics.handoff.observe(tl.first_token_s - tl.prefill_done_s)
+                tl.completion_tokens += len(chunk.token_ids)
+                if chunk.finish_reason is not None:
+                    tl.finish_reason = chunk.finish_reason
+                    finished = True
+                yield chunk
+            finished = True
+        except APIError:
+            tl.outcome = "error"
+            self.metrics.requests.labels("error").inc()
+            raise
+        except Exception as e:
+            tl.outcome = "error"
+            self.metrics.requests.labels("error").inc()
+            log.exception("request %s failed", request_id)
+            raise APIError(500, f"generation failed: {type(e).__name__}: {e}") from None
+        finally:
+            tl.finished_s = self.clock()
+            self.metrics.completion_tokens.inc(tl.completion_tokens)
+            if tl.outcome == "running":
+                tl.outcome = "ok" if finished else "cancelled"
+                self.metrics.requests.labels(tl.outcome).inc()
+            if tl.outcome != "ok":
+                sub.cancelled = True  # a hand-off still to come is dropped on arrival
+                if in_decode:
+                    self._spawn(self.decode.abort(request_id))
+
+    def finish_early(self, sub: Submission, reason: str) -> None:
+        """The caller stopped on a stop string before the decode side did: count it as a normal finish; the
+        caller then closes the stream, which aborts decode."""
+        tl = sub.timeline
+        tl.finish_reason = reason
+        tl.outcome = "ok"
+        self.metrics.requests.labels("ok").inc()
+        self._spawn(self.decode.abort(tl.request_id))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- PoolListener ---------------------------------------------------------------------------------------
+    def request_done(self, request: Request, placement: Placement | None, result: PrefillResult | None) -> None:
+        """The pool's final word on a prefill (exactly once, after any re-placement)."""
+        sub = self._pending.pop(request.request_id, None)
+        handoff = self._take_handoff(request)
+        if sub is None or sub.future.done():
+            return
+        tl = sub.timeline
+        if result is not None:
+            tl.prefill_done_s = result.finished_s
+            tl.worker_id, tl.cached_tokens = result.worker_id, result.cached_tokens
+        if placement is not None:
+            tl.degree = placement.degree
+        if sub.cancelled:
+            return  # the client is gone; dropping the hand-off releases its KV
+        if result is None or placement is None or not result.ok:
+            error = result.error if result is not None else "no worker can serve it"
+            if placement is None:  # accepted into the backlog, then no worker could ever take it
+                sub.future.set_exception(APIError(400, f"request cannot be served: {error}", code="unservable"))
+            else:
+                sub.future.set_exception(APIError(500, f"prefill failed: {error}", code="prefill_failed"))
+            return
+        self.metrics.prefill.labels(str(placement.degree)).observe(max(result.finished_s - result.started_s, 0.0))
+        self.metrics.prompt_tokens.inc(request.input_len)
+        self.metrics.cached_tokens.inc(result.cached_tokens)
+        sub.future.set_result(handoff)
+
+    def _take_handoff(self, request: Request) -> Handoff:
+        inner = self.data_plane.inner
+        got = inner.take_handoff(request.request_id) if isinstance(inner, HandoffSource) else None
+        return got or Handoff(request.request_id, list(request.token_ids or []))
+
+    def reconfig_done(self, plan: ReconfigPlan, drain_s: float, switch_s: float) -> None:
+        self.metrics.reconfigs.labels("split" if plan.kind == ReconfigKind.SPLIT else "merge").inc()
+        self.metrics.reconfig_s.labels("drain").observe(drain_s)
+        self.metrics.reconfig_s.labels("switch").observe(switch_s)
+
+    def cache_op_done(self, op: CacheOp, ok: bool) -> None:
+        kind = CacheOpKind(op.kind).name.lower()
+        (self.metrics.cache_ops if ok else self.metrics.cache_op_failures).labels(kind).inc()
+
+    # -- observed engine events (ObservedDataPlane) ---------------------------------------------------------
+    def on_prefill_started(self, worker_id: int, request_id: str, now: float) -> None:
+        pend = self._pending.get(request_id)
+        if pend is None:
+            return
+        tl = pend.timeline
+        if tl.prefill_started_s is None:
+            self.metrics.queue.observe(now - tl.arrival_s)
+        tl.prefill_started_s = now
+        tl.placements += 1
+        tl.workers.append(worker_id)
+        if tl.placements > 1:
+            self.metrics.replacements.inc()
+
+    def on_worker_failed(self, worker_id: int, reason: str) -> None:
+        log.warning("worker %d failed: %s", worker_id, reason)
+        self.metrics.worker_failures.inc()
+
+    # -- views ----------------------------------------------------------------------------------------------
+    def worker_rows(self, snap: PoolSnapshot | None = None) -> list[WorkerRow]:
+        """The pool's workers as /v1/pool and the metrics show them."""
+        snap = snap or self.pool.snapshot()
+        return [
+            WorkerRow(
+                w.worker_id,
+                self.engine_name,
+                w.degree,
+                w.node,
+                tuple(w.ranks),
+                w.state.lower(),
+                w.epoch,
+                w.queue_s,
+                w.cached_blocks,
+            )
+            for w in snap.workers
+        ]
+
+    def reconfigure(self, op: str, worker_id: int) -> ReconfigPlan:
+        """Order a split / merge (admin); ValueError when the controller refuses."""
+        kind = ReconfigKind.SPLIT if op == "split" else ReconfigKind.MERGE
+        return self.pool.reconfigure(kind, worker_id)
