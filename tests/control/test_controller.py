@@ -82,6 +82,9 @@ class FakeCache:
     def remove_worker(self, worker_id: int) -> None:
         self.calls.append(("remove", worker_id))
 
+    def set_available(self, worker_id: int, available: bool) -> None:
+        self.calls.append(("available", worker_id, available))
+
     def on_reconfigure(self, plan: ReconfigPlan) -> None:
         # record whether any target was already schedulable when the metadata changed (must never be)
         states = [self.sched.state(t.worker_id) for t in plan.targets]

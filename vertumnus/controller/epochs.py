@@ -41,6 +41,8 @@ class CacheMeta(Protocol):
 
     def remove_worker(self, worker_id: int) -> None: ...
 
+    def set_available(self, worker_id: int, available: bool) -> None: ...
+
     def on_reconfigure(self, plan: ReconfigPlan) -> None: ...
 
 
@@ -154,6 +156,8 @@ class EpochManager:
         ids = [s.worker_id for s in plan.sources]
         for wid in ids:  # all sources leave the candidate set before any job is re-placed
             self.scheduler.set_state(wid, WorkerState.DRAINING)
+            if wid in self._in_cache:
+                self.cache.set_available(wid, False)  # no new cache ops towards / from a draining worker
         for wid in ids:
             for job in self.data_plane.withdraw(wid):
                 self.host.replace_job(job, now)
@@ -196,6 +200,7 @@ class EpochManager:
             return
         if cur is not None and cur.phase == Phase.DRAIN and any(s.worker_id == worker_id for s in cur.plan.sources):
             self._ensure_cache(worker_id)
+            self.cache.set_available(worker_id, False)
             self.scheduler.set_epoch(worker_id, epoch)
             self.scheduler.set_state(worker_id, WorkerState.DRAINING)  # restarted source: park it again
             self.data_plane.park([worker_id])

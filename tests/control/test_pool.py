@@ -1,0 +1,314 @@
+"""PrefillPool end to end over the real scheduler, cache manager and controller, with a scripted fake data plane.
+
+The fake never calls back on its own: each test delivers engine events (acks, starts, completions, parks,
+failures) explicitly, so every ordering is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from vertumnus.cache.block_keys import keys_from_hash_ids
+from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
+from vertumnus.interfaces import PrefillJob
+from vertumnus.pool import PrefillPool, RequestRejected
+from vertumnus.profiling.cost_model import CostModel
+from vertumnus.types import (
+    CacheOp,
+    CacheReport,
+    CacheReportKind,
+    Placement,
+    PrefillResult,
+    ReconfigKind,
+    ReconfigPlan,
+    Request,
+    WorkerGroup,
+)
+
+COST = CostModel.from_file(REPO_ROOT / DEFAULT_PROFILE)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class ScriptedPlane:
+    """FCFS queues per worker plus a log of control calls."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[Any, ...]] = []
+        self.queues: dict[int, list[PrefillJob]] = {}
+        self.running: dict[int, PrefillJob] = {}
+        self.groups: dict[int, WorkerGroup] = {}
+
+    def start(self, groups: Sequence[WorkerGroup], epoch: int, events: Any) -> None:
+        self.groups.update({g.worker_id: g for g in groups})
+        self.log.append(("start", tuple(g.worker_id for g in groups), epoch))
+
+    def submit(self, worker_id: int, job: PrefillJob) -> None:
+        self.queues.setdefault(worker_id, []).append(job)
+
+    def withdraw(self, worker_id: int) -> list[PrefillJob]:
+        jobs, self.queues[worker_id] = self.queues.get(worker_id, []), []
+        self.log.append(("withdraw", worker_id, tuple(j.request.request_id for j in jobs)))
+        return jobs
+
+    def park(self, worker_ids: Sequence[int]) -> None:
+        self.log.append(("park", tuple(worker_ids)))
+
+    def activate(self, plan: ReconfigPlan) -> None:
+        self.groups.update({g.worker_id: g for g in plan.targets})
+        self.log.append(("activate", tuple(g.worker_id for g in plan.targets), plan.epoch))
+
+    def execute(self, op: CacheOp) -> None:
+        self.log.append(("execute", op.op_id, op.kind.name, op.src_worker, op.dst_worker))
+
+    def restart(self, group: WorkerGroup, epoch: int) -> None:
+        self.queues[group.worker_id] = []
+        self.running.pop(group.worker_id, None)
+        self.log.append(("restart", group.worker_id, epoch))
+
+    def close(self) -> None:
+        self.log.append(("close",))
+
+
+class Done:
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, int | None, bool]] = []
+        self.reconfigs: list[tuple[ReconfigPlan, float, float]] = []
+        self.ops: list[tuple[int, bool]] = []
+
+    def request_done(self, request: Request, placement: Placement | None, result: PrefillResult | None) -> None:
+        assert result is not None
+        self.requests.append((request.request_id, placement.worker_id if placement else None, result.ok))
+
+    def reconfig_done(self, plan: ReconfigPlan, drain_s: float, switch_s: float) -> None:
+        self.reconfigs.append((plan, drain_s, switch_s))
+
+    def cache_op_done(self, op: CacheOp, ok: bool) -> None:
+        self.ops.append((op.op_id, ok))
+
+
+class Rig:
+    def __init__(self, composition: str = "2xCP8", nodes: int = 2, **over: Any) -> None:
+        data: dict[str, Any] = {
+            "pool": {"nodes": nodes, "gpus_per_node": 8, "degrees": [4, 8], "initial_composition": composition},
+            "controller": {"enabled": False},
+        }
+        for k, v in over.items():
+            data.setdefault(k, {}).update(v)
+        self.cfg = config_from_dict(data)
+        self.clock = Clock()
+        self.plane = ScriptedPlane()
+        self.pool = PrefillPool(self.cfg, COST, self.plane, self.clock)
+        self.done = Done()
+        self.pool.add_listener(self.done)
+        self.pool.start()
+
+    def ack(self, worker_id: int, epoch: int) -> None:
+        for r in self.plane.groups[worker_id].ranks:
+            self.pool.epoch_ack(worker_id, r, epoch, self.clock.t)
+
+    def ack_all(self, epoch: int = 1) -> None:
+        for wid in list(self.plane.groups):
+            self.ack(wid, epoch)
+
+    def run_next(self, worker_id: int, cached_blocks_stored: bool = False) -> PrefillJob:
+        """Start and finish the head job of a worker at the current time (then optionally report its blocks)."""
+        job = self.plane.queues[worker_id].pop(0)
+        rid = job.request.request_id
+        self.pool.prefill_started(worker_id, rid, self.clock.t)
+        self.clock.t += job.placement.predicted_s
+        self.pool.prefill_done(
+            PrefillResult(rid, worker_id, job.placement.cached_tokens, self.clock.t - 1, self.clock.t)
+        )
+        if cached_blocks_stored and job.request.block_keys:
+            self.pool.cache_report(CacheReport(worker_id, CacheReportKind.STORED, job.request.block_keys, None))
+        return job
+
+    def snap(self, wid: int) -> Any:
+        return next(w for w in self.pool.snapshot().workers if w.worker_id == wid)
+
+
+def req(rid: str, n: int, hashes: Sequence[int] = ()) -> Request:
+    return Request(rid, 0.0, n, keys_from_hash_ids(hashes))
+
+
+def test_start_backlog_until_acks_then_place_and_complete() -> None:
+    rig = Rig("2xCP8")
+    assert rig.plane.log[0] == ("start", (0, 1), 1)
+    assert rig.pool.submit(req("early", 4096)) is None  # no rank acked yet: backlog
+    assert rig.pool.snapshot().backlog == 1 and rig.snap(0).state == "SWITCHING"
+    rig.ack(0, 1)
+    [job] = rig.plane.queues[0]
+    assert (job.request.request_id, job.placement.worker_id, job.placement.epoch) == ("early", 0, 1)
+    rig.ack(1, 1)
+    p = rig.pool.submit(req("second", 4096))
+    assert p is not None and p.worker_id == 1  # worker 0 has the reservation of "early"
+    rig.run_next(0)
+    rig.run_next(1)
+    assert rig.done.requests == [("early", 0, True), ("second", 1, True)]
+    snap = rig.pool.snapshot()
+    assert (snap.inflight, snap.backlog, snap.epoch, snap.composition) == (0, 0, 1, "2xCP8")
+    assert rig.snap(0).queue_s == 0.0 and rig.snap(1).ranks == tuple(range(8, 16))
+
+
+def test_cached_prefix_is_pinned_reused_and_reported_once() -> None:
+    rig = Rig("2xCP8")
+    rig.ack_all()
+    hashes = list(range(64))  # 64 blocks = 32768 tokens
+    rig.pool.submit(req("a", 32768, hashes))
+    rig.run_next(0, cached_blocks_stored=True)
+    assert rig.snap(0).cached_blocks == 64
+    p = rig.pool.submit(req("b", 32768 + 1024, [*hashes, 100, 101]))
+    assert p is not None and (p.worker_id, p.cached_tokens, p.uncached_tokens) == (0, 32768, 1024)
+    [job] = rig.plane.queues[0]
+    assert job.max_reuse_blocks == 64 and job.reconcile is None
+    assert rig.pool.cache.workers.by_id[0].pins == {tuple(job.request.block_keys[:64]): 1}
+    rig.run_next(0)
+    assert rig.pool.cache.workers.by_id[0].pins == {}
+    rig.pool.prefill_done(PrefillResult("b", 0, 0, 0.0, 1.0))  # duplicate completion: ignored
+    assert rig.done.requests == [("a", 0, True), ("b", 0, True)]
+
+
+def test_rejections_and_duplicates() -> None:
+    rig = Rig("2xCP8", pool={"max_model_len": 50_000})
+    rig.ack_all()
+    with pytest.raises(RequestRejected) as e:
+        rig.pool.submit(req("x", 60_000))
+    assert (e.value.reason, e.value.limit) == ("too_long", 50_000)
+    rig.pool.submit(req("a", 100))
+    with pytest.raises(ValueError, match="already in the pool"):
+        rig.pool.submit(req("a", 100))
+
+
+def test_split_drains_replaces_queued_requests_and_loses_none() -> None:
+    rig = Rig("2xCP8", pool={"kv_capacity_blocks_per_rank": 4096})
+    rig.ack_all()
+    for k in range(6):
+        rig.pool.submit(req(f"r{k}", 16384))
+    at0 = [j.request.request_id for j in rig.plane.queues[0]]
+    at1 = [j.request.request_id for j in rig.plane.queues[1]]
+    assert (at0, at1) == (["r0", "r2", "r4"], ["r1", "r3", "r5"])
+    rig.pool.prefill_started(0, "r0", 0.0)  # r0 runs; r2, r4 are queued
+    rig.plane.queues[0].pop(0)
+    plan = rig.pool.reconfigure(ReconfigKind.SPLIT, 0)
+    assert plan.targets == (WorkerGroup(2, 0, 0, 4), WorkerGroup(3, 0, 4, 4)) and plan.epoch == 2
+    assert rig.plane.log[-2:] == [("withdraw", 0, ("r2", "r4")), ("park", (0,))]
+    # the only other ACTIVE worker is 1: r2 and r4 moved there, behind r1, r3, r5
+    assert [j.request.request_id for j in rig.plane.queues[1]] == ["r1", "r3", "r5", "r2", "r4"]
+    assert rig.snap(0).state == "DRAINING" and rig.pool.snapshot().reconfiguring == "split 0 -> 2,3 (drain)"
+    rig.clock.t = 1.0
+    rig.pool.prefill_done(PrefillResult("r0", 0, 0, 0.0, 1.0))
+    rig.pool.worker_parked(0, 1.0)
+    assert rig.plane.log[-1] == ("activate", (2, 3), 2)
+    rig.clock.t = 1.4
+    rig.ack(2, 2)
+    assert rig.snap(2).state == "SWITCHING"  # not schedulable before every participating rank acked
+    rig.ack(3, 2)
+    assert [(p.epoch, d, s) for p, d, s in rig.done.reconfigs] == [(2, 1.0, pytest.approx(0.4))]
+    snap = rig.pool.snapshot()
+    assert (snap.composition, snap.epoch, [w.worker_id for w in snap.workers]) == ("2xCP4+1xCP8", 2, [1, 2, 3])
+    assert rig.pool.submit(req("late", 16384)) is not None
+    while any(rig.plane.queues.get(w) for w in (1, 2, 3)):
+        for w in (1, 2, 3):
+            if rig.plane.queues.get(w):
+                rig.run_next(w)
+    done = sorted(r for r, _, ok in rig.done.requests if ok)
+    assert done == sorted(["r0", "r1", "r2", "r3", "r4", "r5", "late"]) and len(rig.done.requests) == 7
+
+
+def test_backlog_while_nothing_is_schedulable_and_late_rejection() -> None:
+    rig = Rig("1xCP8", nodes=1, pool={"kv_capacity_blocks_per_rank": 16})  # CP8: 128 blocks, CP4: 64
+    rig.ack_all()
+    rig.pool.reconfigure(ReconfigKind.SPLIT, 0)
+    assert rig.pool.submit(req("small", 1000)) is None
+    assert rig.pool.submit(req("huge", 40_000)) is None  # 79 blocks: fits the CP8 that is being split
+    rig.pool.worker_parked(0, 0.5)
+    rig.ack(1, 2)
+    assert not any(rig.plane.queues.values())  # targets become schedulable together, at commit
+    rig.ack(2, 2)
+    assert [j.request.request_id for j in rig.plane.queues[1]] == ["small"]
+    # the CP8 is gone: "huge" can never be served now and is reported failed, not dropped silently
+    assert rig.done.requests == [("huge", None, False)]
+    assert rig.pool.snapshot().backlog == 0
+
+
+def test_worker_failure_replaces_everything_and_ignores_late_reports() -> None:
+    rig = Rig("2xCP8")
+    rig.ack_all()
+    hashes = list(range(8))
+    rig.pool.submit(req("seed", 4096, hashes))
+    rig.run_next(0, cached_blocks_stored=True)
+    for k in range(4):
+        rig.pool.submit(req(f"r{k}", 4096))
+    rig.pool.prefill_started(0, "r0", rig.clock.t)
+    rig.pool.worker_failed(0, "rank 3 died", rig.clock.t)
+    assert rig.plane.log[-1] == ("restart", 0, 2)
+    assert rig.snap(0).state == "FAILED" and rig.snap(0).cached_blocks == 0
+    assert rig.pool.cache.match(keys_from_hash_ids(hashes)).held_blocks == {}  # holdings dropped
+    moved = [j.request.request_id for j in rig.plane.queues[1]]
+    assert sorted(moved) == ["r0", "r1", "r2", "r3"]
+    rig.pool.prefill_done(PrefillResult("r0", 0, 0, 0.0, 0.1))  # late report from the failed worker
+    rig.pool.worker_failed(0, "again", rig.clock.t)  # duplicate report: ignored
+    assert [r for r, _, _ in rig.done.requests] == ["seed"] and rig.plane.log[-1] == ("restart", 0, 2)
+    rig.ack(0, 1)  # stale epoch
+    assert rig.snap(0).state == "FAILED"
+    rig.ack(0, 2)
+    assert rig.snap(0).state == "ACTIVE" and rig.snap(0).epoch == 2
+    for _ in range(4):
+        rig.run_next(1)
+    assert sorted(r for r, _, _ in rig.done.requests) == ["r0", "r1", "r2", "r3", "seed"]
+    assert len(rig.done.requests) == 5
+
+
+def test_manual_reconfigure_validation() -> None:
+    rig = Rig("1xCP8+2xCP4")
+    rig.ack_all()
+    with pytest.raises(ValueError, match="no worker 9"):
+        rig.pool.reconfigure(ReconfigKind.SPLIT, 9)
+    with pytest.raises(ValueError, match=r"cannot split worker 1 \(CP4\): degree 2 is not allowed"):
+        rig.pool.reconfigure(ReconfigKind.SPLIT, 1)
+    with pytest.raises(ValueError, match="cannot merge worker 0"):
+        rig.pool.reconfigure(ReconfigKind.MERGE, 0)
+    plan = rig.pool.reconfigure(ReconfigKind.MERGE, 2)
+    assert [s.worker_id for s in plan.sources] == [1, 2] and plan.targets == (WorkerGroup(3, 1, 0, 8),)
+    with pytest.raises(ValueError, match="merge is in progress"):
+        rig.pool.reconfigure(ReconfigKind.SPLIT, 0)
+
+
+def test_timers_windows_and_cache_scan_ops_are_confirmed() -> None:
+    rig = Rig("2xCP8", controller={"enabled": True, "window_s": 10.0}, cache={"scan_interval_s": 5.0})
+    rig.ack_all()
+    assert rig.pool.next_timer() == 5.0
+    hashes = list(range(16))
+    rig.pool.submit(req("seed", 8192, hashes))
+    rig.run_next(0, cached_blocks_stored=True)
+    for k in range(12):  # twelve reuses of the same prefix at worker 0 (intra-degree demand)
+        rig.pool.submit(req(f"h{k}", 8192 + 512, [*hashes, 1000 + k]))
+        rig.run_next(0)
+    rig.clock.t = 5.0
+    rig.pool.on_timer(5.0)
+    rig.pool.on_timer(5.0)  # idempotent per instant
+    execs = [e for e in rig.plane.log if e[0] == "execute"]
+    assert execs and execs[0][2:] == ("REPLICATE", 0, 1)
+    assert rig.pool.next_timer() == 10.0
+    op_id = execs[0][1]
+    op = rig.pool._ops[op_id]
+    rig.pool.cache_report(CacheReport(1, CacheReportKind.STORED, op.keys[op.first_missing :], None, op_id=op_id))
+    assert (op_id, True) in rig.done.ops
+    assert rig.pool.cache.match(keys_from_hash_ids(hashes)).held_blocks == {0: 16, 1: 16}  # visible now
+    rig.pool.submit(req("busy", 8192))  # worker 0 gets busy: the replica at 1 now wins the next reuse
+    p = rig.pool.submit(req("after", 8192 + 512, [*hashes, 5000]))
+    assert p is not None and (p.worker_id, p.cached_tokens) == (1, 8192)
+    rig.clock.t = 10.0
+    rig.pool.on_timer(10.0)
+    last = rig.pool.snapshot().last_window
+    assert last is not None and (last["requests"], last["index"]) == (15, 0)

@@ -1,0 +1,326 @@
+"""The prefill pool facade: scheduler + cache manager + controller + a data plane, driven the same way by the
+simulator and the server.
+
+Request path (``submit``): admissibility → trie match → placement (J, reservation) → cache statistics →
+reconciliation op (pending prefix after split / merge) → pin of the reused prefix → ``data_plane.submit``.
+Nothing schedulable (all draining / not yet acked / KV full) → the request waits in the backlog and is placed
+when a worker becomes ACTIVE or frees capacity. Completion (``prefill_done``) releases the reservation and the
+pin and reports to listeners exactly once.
+
+Threading: the pool does no locking. Callers serialise every call — the simulator runs one event loop, the
+server holds one lock / one asyncio loop around submit, on_timer, reconfigure, snapshot and all EngineEvents
+callbacks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from vertumnus.cache.manager import CacheManager
+from vertumnus.config import VertumnusConfig, format_composition, parse_composition
+from vertumnus.controller.controller import Controller
+from vertumnus.controller.epochs import EpochManager, Phase
+from vertumnus.controller.initial import History, choose_initial, read_trace_lengths, summarize_history
+from vertumnus.controller.lattice import Lattice
+from vertumnus.interfaces import DataPlane, PrefillJob
+from vertumnus.pool_listener import PoolListener, PoolSnapshot, WorkerSnapshot
+from vertumnus.profiling.cost_model import CostModel
+from vertumnus.scheduler.policy import RoutingPolicy
+from vertumnus.scheduler.scheduler import RequestRejected, Scheduler
+from vertumnus.types import (
+    CacheOp,
+    CacheReport,
+    Placement,
+    PrefillResult,
+    ReconfigKind,
+    ReconfigPlan,
+    Request,
+    WorkerState,
+)
+
+__all__ = ["PoolListener", "PoolSnapshot", "PrefillPool", "RequestRejected", "WorkerSnapshot"]
+
+
+class PrefillPool:
+    """Implements :class:`vertumnus.interfaces.EngineEvents`; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: VertumnusConfig,
+        cost: CostModel,
+        data_plane: DataPlane,
+        clock: Callable[[], float],
+        router: RoutingPolicy | None = None,
+        history: History | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.cost = cost
+        self.data_plane = data_plane
+        self.clock = clock
+        self.scheduler = Scheduler(cfg, cost, router)
+        self.cache = CacheManager(cfg.cache, cost, cfg.pool.degrees)
+        self.lattice = Lattice(cfg.pool.nodes, cfg.pool.gpus_per_node, cfg.pool.degrees)
+        self.epochs = EpochManager(
+            self.lattice, self.scheduler, self.cache, data_plane, self, cfg.pool.kv_capacity_blocks_per_rank
+        )
+        if history is None and cfg.controller.history_trace and not cfg.pool.initial_composition:
+            history = self._read_history(cfg.controller.history_trace)
+        self.history = history
+        self.controller = Controller(cfg, cost, self.lattice, self.epochs, self.cache, history)
+        self.listeners: list[PoolListener] = []
+        self._backlog: deque[Request] = deque()  # new arrivals waiting, FCFS
+        self._requeued: deque[Request] = deque()  # re-placements waiting (drain / failure); go first
+        self._waiting: set[str] = set()
+        self._pins: dict[str, tuple[int, tuple[int, ...], int]] = {}  # request -> (worker, keys, blocks)
+        self._job_op: dict[str, int] = {}  # request -> its reconcile op id
+        self._ops: dict[int, CacheOp] = {}  # cache ops in flight
+        self._scan_interval = cfg.cache.scan_interval_s
+        self._next_scan = float("inf")
+        self.started = False
+
+    def _read_history(self, path: str) -> History:
+        ts, lens, keys = read_trace_lengths(self.cfg.resolve_path(path))
+        c = self.cfg
+        return summarize_history(
+            ts, lens, keys, self.cost, c.pool.degrees, c.controller.window_s, c.controller.long_threshold_tokens,
+            c.cache.block_tokens, c.scheduler.beta, c.scheduler.lam,
+        )  # fmt: skip
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Choose the initial composition, bring the data plane up (workers ACTIVE once their ranks ack)."""
+        if self.started:
+            raise ValueError("pool already started")
+        self.started = True
+        c = self.cfg
+        if c.pool.initial_composition:
+            comp = parse_composition(c.pool.initial_composition)
+        else:
+            comp = choose_initial(self.lattice, self.cost, c.controller.window_s, c.controller.headroom, self.history)
+        groups = self.lattice.build(comp)
+        now = self.clock()
+        self.controller.start(now)
+        self._next_scan = now + self._scan_interval
+        self.epochs.start(groups, self)
+
+    def add_listener(self, listener: PoolListener) -> None:
+        self.listeners.append(listener)
+
+    # -- requests -----------------------------------------------------------------------------------------
+    def submit(self, request: Request) -> Placement | None:
+        """Place now, or hold in the backlog (None); raises RequestRejected if no worker could ever serve it."""
+        self.scheduler.check_admissible(request)
+        rid = request.request_id
+        if rid in self.scheduler.tickets or rid in self._waiting:
+            raise ValueError(f"request {rid!r} is already in the pool")
+        if not self._backlog and not self._requeued:
+            placement = self._place(request, first=True)
+            if placement is not None:
+                return placement
+        self._backlog.append(request)
+        self._waiting.add(rid)
+        return None
+
+    def _place(self, request: Request, first: bool) -> Placement | None:
+        keys = request.block_keys
+        match = self.cache.match(keys)
+        placement = self.scheduler.place(request, match, self.clock(), first)
+        if placement is None:
+            return None
+        wid = placement.worker_id
+        self.cache.record_placement(keys, match, request.input_len, wid, placement.preferred_degree)
+        op = self.cache.plan_reconcile(keys, wid, match)
+        reuse = match.held_blocks.get(wid, 0)
+        if op is not None:
+            self._ops[op.op_id] = op
+            self._job_op[request.request_id] = op.op_id
+            if op.src_worker is not None:
+                reuse = len(op.keys)
+        if reuse > 0:
+            self.cache.pin(wid, keys, reuse)
+            self._pins[request.request_id] = (wid, keys, reuse)
+        if first:
+            self.controller.observe(placement.predicted_s, request.input_len)
+        self.data_plane.submit(wid, PrefillJob(request, placement, op, reuse))
+        return placement
+
+    def _unplace(self, request_id: str, cancel_reconcile: bool) -> None:
+        """Forget a placement: reservation, pin, and (withdrawn / failed) its reconcile op."""
+        self.scheduler.release(request_id)
+        pin = self._pins.pop(request_id, None)
+        if pin is not None and self.epochs.in_cache(pin[0]):
+            self.cache.unpin(*pin)
+        op_id = self._job_op.pop(request_id, None)
+        if cancel_reconcile and op_id is not None and op_id in self._ops:
+            self._fail_op(op_id, "request moved before its reconcile ran")
+
+    def _retry(self, request: Request, first: bool) -> bool:
+        """Place a waiting request; False if it must keep waiting. Unservable ones are reported failed."""
+        try:
+            placement = self._place(request, first)
+        except RequestRejected as e:
+            now = self.clock()
+            result = PrefillResult(request.request_id, -1, 0, now, now, ok=False, error=str(e))
+            for listener in self.listeners:
+                listener.request_done(request, None, result)
+            return True
+        return placement is not None
+
+    def _flush(self) -> None:
+        """Place waiting requests in order (re-placements first) until one cannot be placed."""
+        for queue, first in ((self._requeued, False), (self._backlog, True)):
+            while queue:
+                req = queue.popleft()  # popped first: a synchronous data plane may re-enter _flush
+                self._waiting.discard(req.request_id)
+                if not self._retry(req, first):
+                    queue.appendleft(req)
+                    self._waiting.add(req.request_id)
+                    return
+
+    def _replace(self, request: Request) -> None:
+        if self._requeued or not self._retry(request, False):
+            self._requeued.append(request)
+            self._waiting.add(request.request_id)
+
+    # -- ReconfigHost (called by the epoch protocol) ------------------------------------------------------
+    def replace_job(self, job: PrefillJob, now: float) -> None:
+        """A job withdrawn from a draining worker: release it there and place it elsewhere (or requeue)."""
+        ticket = self.scheduler.ticket(job.request.request_id)
+        if ticket is None or ticket.worker_id != job.placement.worker_id:
+            return  # already moved or finished
+        self._unplace(job.request.request_id, cancel_reconcile=True)
+        self._replace(job.request)
+
+    def workers_activated(self, worker_ids: Sequence[int], now: float) -> None:
+        if self._requeued or self._backlog:
+            self._flush()
+
+    def reconfig_committed(self, plan: ReconfigPlan, drain_s: float, switch_s: float) -> None:
+        retired = {s.worker_id for s in plan.sources}
+        for op_id, op in list(self._ops.items()):
+            if op.dst_worker in retired or op.src_worker in retired:
+                self._ops.pop(op_id)
+                for listener in self.listeners:
+                    listener.cache_op_done(op, False)
+        for listener in self.listeners:
+            listener.reconfig_done(plan, drain_s, switch_s)
+
+    # -- timers -------------------------------------------------------------------------------------------
+    def next_timer(self) -> float:
+        """Next instant ``on_timer`` has work (window end or cache scan); inf before start."""
+        return min(self.controller.next_window_end, self._next_scan)
+
+    def on_timer(self, now: float) -> None:
+        """Close every window that ended by ``now`` and run a due cache scan; idempotent per instant."""
+        while self.controller.next_window_end <= now:
+            self.controller.end_window(now, lambda w: self.scheduler.queue_s(w, now))
+        if self._next_scan <= now:
+            self._next_scan += self._scan_interval
+            if self._next_scan <= now:  # late caller: skip missed scans rather than bursting them
+                self._next_scan = now + self._scan_interval
+            for op in self.cache.scan(now, self.scheduler.queue_map(now)):
+                self._ops[op.op_id] = op
+                self.data_plane.execute(op)
+
+    # -- admin --------------------------------------------------------------------------------------------
+    def reconfigure(self, kind: ReconfigKind, worker_id: int) -> ReconfigPlan:
+        """Manual split / merge of ``worker_id`` (merge: with its sibling); ValueError when impossible."""
+        if not self.started:
+            raise ValueError("pool not started")
+        now = self.clock()
+        return self.controller.manual(ReconfigKind(kind), worker_id, now, lambda w: self.scheduler.queue_s(w, now))
+
+    def snapshot(self) -> PoolSnapshot:
+        """The pool right now (``/v1/pool``)."""
+        now = self.clock()
+        q = self.scheduler.queue_map(now)
+        gpn = self.cfg.pool.gpus_per_node
+        workers: list[WorkerSnapshot] = []
+        t = self.scheduler.table
+        for i, info in enumerate(t.infos):
+            wid = info.worker_id
+            g = self.epochs.group(wid)
+            workers.append(
+                WorkerSnapshot(
+                    wid, info.degree, info.node, g.global_ranks(gpn) if g is not None else (),
+                    WorkerState(int(t.state[i])).name, info.epoch, q[wid], len(info.tickets), info.running,
+                    int(t.free_blocks[i]), self.cache.cached_blocks(wid) if self.epochs.in_cache(wid) else 0,
+                )
+            )  # fmt: skip
+        workers.sort(key=lambda w: w.worker_id)
+        cur = self.epochs.current
+        reconf = None
+        if cur is not None:
+            src = ",".join(str(s.worker_id) for s in cur.plan.sources)
+            dst = ",".join(str(x.worker_id) for x in cur.plan.targets)
+            phase = "drain" if cur.phase == Phase.DRAIN else "switch"
+            reconf = f"{cur.plan.kind.name.lower()} {src} -> {dst} ({phase})"
+        last = None
+        if self.controller.reports:
+            r = self.controller.reports[-1]
+            last = {
+                "index": r.index, "end_s": r.end_s, "demand_s": r.demand_s, "capacity_s": r.capacity_s,
+                "rho": r.rho, "requests": r.requests, "long_fraction": r.long_fraction,
+                "direction": r.direction.name, "reason": r.reason, "streak": r.streak,
+            }  # fmt: skip
+        return PoolSnapshot(
+            now, self.epochs.epoch, format_composition(self.lattice.composition()), workers,
+            len(self._backlog) + len(self._requeued), len(self.scheduler.tickets), reconf, last,
+            len(self.epochs.records), dict(self.cache.stats()),
+        )  # fmt: skip
+
+    # -- EngineEvents -------------------------------------------------------------------------------------
+    def prefill_started(self, worker_id: int, request_id: str, now: float) -> None:
+        self.scheduler.started(request_id, worker_id, now)
+
+    def prefill_done(self, result: PrefillResult) -> None:
+        ticket = self.scheduler.ticket(result.request_id)
+        if ticket is None or ticket.worker_id != result.worker_id:
+            return  # late report from a worker the request was taken away from (or a duplicate)
+        self._unplace(result.request_id, cancel_reconcile=False)
+        for listener in self.listeners:
+            listener.request_done(ticket.request, ticket.placement, result)
+        if self._requeued or self._backlog:
+            self._flush()
+
+    def cache_report(self, report: CacheReport) -> None:
+        if not self.epochs.in_cache(report.worker_id):
+            return  # failed or retired worker: its late reports must not resurrect holdings
+        self.cache.apply_report(report)
+        if report.op_id is not None:
+            op = self._ops.pop(report.op_id, None)
+            if op is not None:
+                for listener in self.listeners:
+                    listener.cache_op_done(op, True)
+
+    def cache_op_failed(self, op_id: int, reason: str) -> None:
+        if op_id in self._ops:
+            self._fail_op(op_id, reason)
+
+    def _fail_op(self, op_id: int, reason: str) -> None:
+        op = self._ops.pop(op_id)
+        self.cache.op_failed(op_id, reason)
+        for listener in self.listeners:
+            listener.cache_op_done(op, False)
+
+    def worker_parked(self, worker_id: int, now: float) -> None:
+        self.epochs.on_parked(worker_id, now)
+
+    def epoch_ack(self, worker_id: int, rank: int, epoch: int, now: float) -> None:
+        self.epochs.on_ack(worker_id, rank, epoch, now)
+
+    def worker_failed(self, worker_id: int, reason: str, now: float) -> None:
+        """FAILED: cancel its cache ops, drop its holdings, re-place its queued and running requests (FCFS),
+        restart its ranks under a fresh epoch; ACTIVE again after every rank acked."""
+        if not self.epochs.can_fail(worker_id):
+            return
+        for op_id, op in list(self._ops.items()):
+            if worker_id in (op.dst_worker, op.src_worker):
+                self._fail_op(op_id, f"worker {worker_id} failed: {reason}")
+        group = self.epochs.fail(worker_id)
+        assert group is not None
+        for ticket in self.scheduler.tickets_at(worker_id):
+            self._unplace(ticket.request.request_id, cancel_reconcile=True)
+            self._replace(ticket.request)
+        self.epochs.restart(group)
