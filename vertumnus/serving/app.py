@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -36,13 +36,18 @@ from vertumnus.types import ReconfigKind, ReconfigPlan
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def create_app(runtime: ServingRuntime, manage_runtime: bool = True) -> FastAPI:
-    """Build the app over ``runtime``; with ``manage_runtime`` the app starts and closes it (lifespan)."""
+def create_app(
+    runtime: ServingRuntime, manage_runtime: bool = True, on_ready: Callable[[], None] | None = None
+) -> FastAPI:
+    """Build the app over ``runtime``; with ``manage_runtime`` the app starts and closes it (lifespan);
+    ``on_ready`` runs once the pool is up, just before the server accepts requests."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if manage_runtime:
             await runtime.start(runtime.cfg.serving.startup_timeout_s)
+        if on_ready is not None:
+            on_ready()
         try:
             yield
         finally:

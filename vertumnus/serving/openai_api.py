@@ -33,6 +33,7 @@ from vertumnus.serving.schemas import (
 from vertumnus.serving.tokenizer import END, EOS, ByteTokenizer, ChatTurn, TextStream
 
 B = TypeVar("B", bound=BaseModel)
+S = TypeVar("S", bound=_SamplingFields)
 
 
 async def parse_body(raw: Request, model: type[B]) -> B:
@@ -62,8 +63,7 @@ class OpenAIHandlers:
     # -- endpoints ------------------------------------------------------------------------------------------
     async def completions(self, raw: Request) -> Any:
         arrival = self.rt.clock()
-        body = await parse_body(raw, CompletionRequest)
-        self._check_model(body.model)
+        body = await self._parse(raw, CompletionRequest)
         if isinstance(body.prompt, str):
             ids = self.tok.encode(body.prompt)
         else:
@@ -71,27 +71,34 @@ class OpenAIHandlers:
             try:
                 self.tok.check_ids(ids)
             except ValueError as e:
+                self.rt.metrics.requests.labels("invalid").inc()
                 raise APIError(400, str(e), param="prompt", code="invalid_token_ids") from None
         return await self._run(body, ids, frozenset({EOS}), "cmpl", arrival, chat=False)
 
     async def chat(self, raw: Request) -> Any:
         arrival = self.rt.clock()
-        body = await parse_body(raw, ChatCompletionRequest)
-        self._check_model(body.model)
+        body = await self._parse(raw, ChatCompletionRequest)
         ids = self.tok.apply_chat_template([ChatTurn(m.role, m.text()) for m in body.messages])
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
         return await self._run(body, ids, frozenset({EOS, END}), "chatcmpl", arrival, chat=True)
 
     # -- shared ---------------------------------------------------------------------------------------------
-    def _check_model(self, name: str) -> None:
-        if name != self.model_name:
-            raise APIError(
-                404,
-                f"The model `{name}` does not exist; this server serves `{self.model_name}`",
-                param="model",
-                code="model_not_found",
-            )
+    async def _parse(self, raw: Request, model: type[S]) -> S:
+        """Body + model name check; failures count as outcome "invalid"."""
+        try:
+            body = await parse_body(raw, model)
+            if body.model != self.model_name:
+                raise APIError(
+                    404,
+                    f"The model `{body.model}` does not exist; this server serves `{self.model_name}`",
+                    param="model",
+                    code="model_not_found",
+                )
+        except APIError:
+            self.rt.metrics.requests.labels("invalid").inc()
+            raise
+        return body
 
     async def _run(
         self, body: _SamplingFields, ids: list[int], ends: frozenset[int], prefix: str, arrival: float, chat: bool
@@ -150,7 +157,11 @@ class OpenAIHandlers:
                 usage=usage,
                 choices=[CompletionChoice(text=text, finish_reason=reason, token_ids=tids)],
             )
-        return JSONResponse(resp.model_dump(exclude_none=False))
+        data = resp.model_dump()
+        if not body.return_token_ids:
+            for c in data["choices"]:
+                c.pop("token_ids", None)
+        return JSONResponse(data)
 
 
 class _Generation:
