@@ -1,0 +1,142 @@
+"""Worker slots of the cache manager: bit positions in the trie's masks plus per-worker cache bookkeeping.
+
+Worker ids are never reused by the pool, but slots are: a removed worker's slot returns to a free heap after
+all its marks were cleared, so masks stay as narrow as the number of live workers.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class WorkerInfo:
+    """One worker as the cache manager sees it. Counters are maintained incrementally by :mod:`.marks`."""
+
+    worker_id: int
+    slot: int
+    degree: int
+    dix: int  # index of ``degree`` in the manager's degree list (column of rc / access / missed)
+    node: int
+    capacity: int  # cache blocks
+    word: int
+    bit: np.uint64
+    available: bool = True  # may be chosen as destination / source / victim of cache ops
+    n_valid: int = 0  # nodes in holders
+    n_pending: int = 0  # nodes in pending
+    n_present: int = 0  # nodes in present (physical, not valid)
+    reserved: int = 0  # blocks of outstanding copies into this worker
+    pins: dict[tuple[int, ...], int] = field(default_factory=dict)  # prefix in use -> count
+
+    @property
+    def cached(self) -> int:
+        """Blocks physically cached (valid holdings plus physically present blocks)."""
+        return self.n_valid + self.n_present
+
+    @property
+    def free(self) -> int:
+        return max(0, self.capacity - self.cached)
+
+    @property
+    def pressure(self) -> float:
+        return self.cached / self.capacity
+
+    def pinned(self, key: int, depth: int) -> bool:
+        """Whether the prefix ending at the block ``key`` at ``depth`` is part of a prefix in use here."""
+        return any(len(p) >= depth and p[depth - 1] == key for p in self.pins)
+
+
+class WorkerTable:
+    """Slot allocation and lookup."""
+
+    __slots__ = (
+        "_avail",
+        "_free_slots",
+        "_next_slot",
+        "by_id",
+        "by_slot",
+        "degree_counts",
+        "degrees",
+        "dix",
+        "slot_wid",
+    )
+
+    def __init__(self, degrees: list[int]) -> None:
+        self.degrees = degrees
+        self.dix = {c: i for i, c in enumerate(degrees)}
+        self.by_id: dict[int, WorkerInfo] = {}
+        self.by_slot: dict[int, WorkerInfo] = {}
+        self.degree_counts = np.zeros(len(degrees), np.int64)  # live workers per degree index
+        self.slot_wid = np.full(64, -1, np.int64)  # slot -> worker id (-1: free)
+        self._free_slots: list[int] = []
+        self._next_slot = 0
+        self._avail: np.ndarray | None = None  # cached mask of available workers
+
+    def add(self, worker_id: int, degree: int, node: int, capacity: int) -> WorkerInfo:
+        """Register a worker; raises ValueError for a duplicate id, an unknown degree or a bad capacity."""
+        if worker_id in self.by_id:
+            raise ValueError(f"worker {worker_id} is already registered with the cache manager")
+        if degree not in self.dix:
+            raise ValueError(f"worker {worker_id}: degree {degree} is not one of {self.degrees}")
+        if capacity < 1:
+            raise ValueError(f"worker {worker_id}: capacity_blocks must be ≥ 1, got {capacity}")
+        if self._free_slots:
+            slot = heapq.heappop(self._free_slots)
+        else:
+            slot = self._next_slot
+            self._next_slot += 1
+        info = WorkerInfo(
+            worker_id, slot, degree, self.dix[degree], node, capacity, slot >> 6, np.uint64(1 << (slot & 63))
+        )
+        self.by_id[worker_id] = info
+        self.by_slot[slot] = info
+        if slot >= self.slot_wid.size:
+            self.slot_wid = np.concatenate([self.slot_wid, np.full(64, -1, np.int64)])
+        self.slot_wid[slot] = worker_id
+        self.degree_counts[info.dix] += 1
+        self._avail = None
+        return info
+
+    def remove(self, info: WorkerInfo) -> None:
+        """Forget a worker whose marks have all been cleared; its slot becomes reusable."""
+        assert info.n_valid == info.n_pending == info.n_present == 0, "clear a worker's marks before removal"
+        del self.by_id[info.worker_id]
+        del self.by_slot[info.slot]
+        self.slot_wid[info.slot] = -1
+        self.degree_counts[info.dix] -= 1
+        heapq.heappush(self._free_slots, info.slot)
+        self._avail = None
+
+    @property
+    def slots_needed(self) -> int:
+        """Slots handed out so far (masks need ``ceil(slots_needed / 64)`` words)."""
+        return self._next_slot
+
+    def set_available(self, info: WorkerInfo, available: bool) -> None:
+        info.available = available
+        self._avail = None
+
+    def available_mask(self, words: int) -> np.ndarray:
+        """``(words,)`` uint64 mask of the available workers."""
+        if self._avail is None or self._avail.shape[0] != words:
+            m = np.zeros(words, np.uint64)
+            for w in self.by_id.values():
+                if w.available:
+                    m[w.word] |= w.bit
+            self._avail = m
+        return self._avail
+
+    def in_mask(self, mask: np.ndarray) -> list[WorkerInfo]:
+        """Workers whose bit is set in a ``(words,)`` mask, by slot."""
+        out = []
+        for word, v in enumerate(mask.tolist()):
+            while v:
+                low = v & -v
+                info = self.by_slot.get(word * 64 + low.bit_length() - 1)
+                if info is not None:
+                    out.append(info)
+                v ^= low
+        return out
