@@ -1,0 +1,105 @@
+"""Turning scan candidates into cache ops: destination, source and victim choice (DESIGN.md §3).
+
+- Destination: an available degree-C worker without z, preferring (in this order) a longer retained ancestor
+  path of z, enough free capacity for the missing blocks, a lower outstanding workload q_w, a lower id.
+- Source: intra — the least-loaded available degree-C holder (same node as the destination on ties);
+  inter — any available valid holder, same node as the destination first, then least loaded.
+- Reclaim victim: an available degree-C holder of z with the highest cache pressure (lower id on ties) that
+  keeps no child of z (valid or pending), does not use z for a queued / running request (pins), is not
+  reading or deleting z for another op, and is not the last valid copy of z in the pool (cold single copies
+  are the engines' LRU's business; reclamation removes surplus replicas).
+Copies carry only the blocks the destination misses: ``first_missing`` = its retained ancestor length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from vertumnus.cache.ops import OpBook
+from vertumnus.cache.scan import Candidate
+from vertumnus.cache.trie import Trie, slot_counts
+from vertumnus.cache.workers import WorkerInfo, WorkerTable
+from vertumnus.types import CacheOp, CacheOpKind
+
+
+def replication(
+    trie: Trie,
+    workers: WorkerTable,
+    book: OpBook,
+    cand: Candidate,
+    queue_s: Mapping[int, float],
+    inter: bool,
+) -> CacheOp | None:
+    """The REPLICATE op for a candidate, or None when no destination or source qualifies (or a copy of z to
+    degree C is already in flight)."""
+    row = cand.row
+    key = int(trie.key[row])
+    if book.adding_at(key, cand.dix):
+        return None
+    depth = int(trie.depth[row])
+    path = trie.path_to(row)
+    held = slot_counts(trie.holders[path])
+    dsts = [w for w in workers.by_id.values() if w.dix == cand.dix and w.available and held[w.slot] < depth]
+    if not dsts:
+        return None
+
+    def dst_key(w: WorkerInfo) -> tuple[int, int, float, int]:
+        have = int(held[w.slot])
+        fits = w.free - w.reserved >= depth - have
+        return (-have, 0 if fits else 1, queue_s.get(w.worker_id, 0.0), w.worker_id)
+
+    dst = min(dsts, key=dst_key)
+    holders = [w for w in workers.in_mask(trie.holders[row]) if w.available and w is not dst]
+    if not inter:
+        holders = [w for w in holders if w.dix == cand.dix]
+    if not holders:
+        return None
+    if inter:
+        src = min(holders, key=lambda w: (w.node != dst.node, queue_s.get(w.worker_id, 0.0), w.worker_id))
+    else:
+        src = min(holders, key=lambda w: (queue_s.get(w.worker_id, 0.0), w.node != dst.node, w.worker_id))
+    op = CacheOp(
+        op_id=book.new_id(),
+        kind=CacheOpKind.REPLICATE,
+        dst_worker=dst.worker_id,
+        keys=trie.keys_of(path),
+        first_missing=int(held[dst.slot]),
+        src_worker=src.worker_id,
+        inter_degree=src.degree != dst.degree,
+        inter_node=src.node != dst.node,
+    )
+    book.add(op, dst)
+    return op
+
+
+def reclamation(trie: Trie, workers: WorkerTable, book: OpBook, cand: Candidate) -> CacheOp | None:
+    """The RECLAIM op for a candidate (deleting block z only: the victim keeps no descendant of it), or None
+    when no holder qualifies."""
+    row = cand.row
+    key = int(trie.key[row])
+    depth = int(trie.depth[row])
+    holders = workers.in_mask(trie.holders[row])
+    if len(holders) - book.removing_count(key) < 2:
+        return None
+    kids = np.asarray(trie.children(row), np.int64)
+    kid_marks = (trie.holders[kids] | trie.pending[kids]) if kids.size else None
+    victims = sorted(
+        (w for w in holders if w.dix == cand.dix and w.available), key=lambda w: (-w.pressure, w.worker_id)
+    )
+    for w in victims:
+        if book.busy(key, w.worker_id) or w.pinned(key, depth):
+            continue
+        if kid_marks is not None and (kid_marks[:, w.word] & w.bit).any():
+            continue  # removing z would break a descendant prefix w keeps
+        op = CacheOp(
+            op_id=book.new_id(),
+            kind=CacheOpKind.RECLAIM,
+            dst_worker=w.worker_id,
+            keys=trie.keys_of(trie.path_to(row)),
+            first_missing=depth - 1,
+        )
+        book.add(op, w)
+        return op
+    return None

@@ -1,0 +1,129 @@
+"""Candidate lists of the periodic scan (DESIGN.md §3), vectorised over the active rows only.
+
+For each active row z and degree C with r = ReplicaCount(z, C):
+  inter:   r = 0 and missed[z,C] > θ_inter   (z has a valid holder somewhere; some degree-C worker exists)
+  intra:   r > 0 and access[z,C] > r·θ_intra (some degree-C worker lacks z)
+  reclaim: r > 0 and access[z,C] < r·θ_reclaim
+Ranking: inter by missed per copied block (desc); intra by access/r (desc), smaller footprint first among
+near-ties (within ``NEAR_TIE`` of the group's best); reclaim by access/r (asc), deeper rows first on ties.
+
+Chains: a copy of z carries every block of root→z the destination lacks, so in the inter and intra lists a
+candidate whose child is a candidate of the same list at the same degree, with the same degree-C holders, is
+subsumed by it and dropped — one op per hot chain, not one per block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vertumnus.cache.trie import ROOT, Trie
+from vertumnus.config import CacheConfig
+
+NEAR_TIE = 0.05  # relative gap of access/r under which intra candidates count as tied
+ATTEMPTS_PER_OP = 16  # candidates per list considered per op slot (a bound on the per-scan Python work)
+
+
+@dataclass(slots=True, frozen=True)
+class Candidate:
+    """One (z, C) entry of a candidate list."""
+
+    row: int
+    dix: int
+    r: int  # ReplicaCount(z, C)
+    score: float  # inter: missed per copied block; intra / reclaim: access / r
+    footprint: int  # inter / intra: fewest blocks a degree-C destination lacks on root→z; reclaim: 0
+
+
+def footprints(trie: Trie, rows: np.ndarray, dix: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Fewest blocks some degree-C worker without z lacks along root→z, for many (z, C) at once.
+
+    Holders are ancestor-closed, so a degree-C worker lacking z holds the prefix up to the deepest ancestor
+    a with rc[a, C] > rc[z, C] (the root counts as held by all): footprint = depth(z) − depth(a).
+    """
+    out = trie.depth[rows].astype(np.int64)
+    cur = trie.parent[rows].astype(np.int64)
+    todo = np.arange(rows.size)
+    while todo.size:
+        c = cur[todo]
+        ok = (c == ROOT) | (trie.rc[c, dix[todo]] > r[todo])
+        done = todo[ok]
+        out[done] -= trie.depth[c[ok]]
+        todo = todo[~ok]
+        cur[todo] = trie.parent[cur[todo]]
+    return out
+
+
+def _collapse(trie: Trie, rows: np.ndarray, dix: np.ndarray, n_deg: int) -> np.ndarray:
+    """Mask of the candidates not subsumed by a child candidate at the same degree. The parent is subsumed
+    when it has the same degree-C holders as the child (equal rc): every destination lacking the child then
+    lacks the parent, so the child's copy adds a replica of both."""
+    parents = trie.parent[rows].astype(np.int64)
+    same = trie.rc[parents, dix] == trie.rc[rows, dix]
+    return ~np.isin(rows * n_deg + dix, parents[same] * n_deg + dix[same])
+
+
+def _cands(rows, dix, r, score, fp) -> list[Candidate]:  # type: ignore[no-untyped-def]
+    return [
+        Candidate(*t) for t in zip(rows.tolist(), dix.tolist(), r.tolist(), score.tolist(), fp.tolist(), strict=True)
+    ]
+
+
+def find(
+    trie: Trie,
+    act: np.ndarray,
+    acc: np.ndarray,
+    mis: np.ndarray,
+    degree_counts: np.ndarray,
+    cfg: CacheConfig,
+) -> tuple[list[Candidate], list[Candidate], list[Candidate]]:
+    """Ranked (inter, intra, reclaim) lists, each cut to ``ATTEMPTS_PER_OP × max_ops_per_scan`` entries."""
+    limit = ATTEMPTS_PER_OP * cfg.max_ops_per_scan
+    empty: list[Candidate] = []
+    if act.size == 0 or limit == 0:
+        return empty, empty, []
+    rc = trie.rc[act]
+    has_holder = rc.any(axis=1)[:, None]
+    exists = (degree_counts > 0)[None, :]
+
+    n_deg = rc.shape[1]
+    i, d = np.nonzero((rc == 0) & (mis > cfg.theta_inter) & has_holder & exists)
+    keep = _collapse(trie, act[i], d, n_deg)
+    i, d = i[keep], d[keep]
+    rows, zero = act[i], np.zeros(i.size, np.int64)
+    fp = footprints(trie, rows, d, zero)
+    score = mis[i, d] / fp
+    order = np.lexsort((d, rows, fp, -score))[:limit]
+    inter = _cands(rows[order], d[order], zero[order], score[order], fp[order])
+
+    i, d = np.nonzero((rc > 0) & (acc > rc * cfg.theta_intra) & (rc < degree_counts[None, :]))
+    keep = _collapse(trie, act[i], d, n_deg)
+    i, d = i[keep], d[keep]
+    rows, r = act[i], rc[i, d].astype(np.int64)
+    score = acc[i, d] / r
+    fp = footprints(trie, rows, d, r)
+    order = np.lexsort((d, rows, fp, -score))
+    intra = _near_tie_order(_cands(rows[order], d[order], r[order], score[order], fp[order]), limit)
+
+    i, d = np.nonzero((rc > 0) & (acc < rc * cfg.theta_reclaim))
+    rows, r = act[i], rc[i, d].astype(np.int64)
+    score = acc[i, d] / r
+    order = np.lexsort((d, rows, -trie.depth[rows], score))[:limit]
+    reclaim = _cands(rows[order], d[order], r[order], score[order], np.zeros(order.size, np.int64))
+    return inter, intra, reclaim
+
+
+def _near_tie_order(ranked: list[Candidate], limit: int) -> list[Candidate]:
+    """Regroup a list sorted by access/r (desc): a group starts at its best score and takes every following
+    entry within NEAR_TIE of it; inside a group, smaller footprint first."""
+    out: list[Candidate] = []
+    i, n = 0, len(ranked)
+    while i < n and len(out) < limit:
+        lead = ranked[i].score
+        j = i + 1
+        while j < n and ranked[j].score >= lead * (1.0 - NEAR_TIE):
+            j += 1
+        out.extend(sorted(ranked[i:j], key=lambda c: (c.footprint, -c.score, c.row, c.dix)))
+        i = j
+    return out[:limit]
