@@ -15,6 +15,7 @@ None (the pool keeps the request in its backlog).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,6 +40,18 @@ class RequestRejected(ValueError):
         self.reason = reason
         self.limit = limit
         self.needed = needed
+
+
+@dataclass(slots=True)
+class _Choice:
+    """The chosen row and what placement needs from it."""
+
+    row: int
+    held: int  # blocks the worker holds validly (leading)
+    cached: int  # P
+    est: float  # Ê
+    queue: float  # q_w(now)
+    pref_degree: int
 
 
 class Scheduler:
@@ -141,63 +154,109 @@ class Scheduler:
         if request.request_id in self.tickets:
             raise ValueError(f"request {request.request_id!r} is already placed")
         t = self.table
-        if not len(t.infos):
-            return None
         need = self.blocks_needed(request)
         eligible = t.active & (t.free_blocks >= need)
         if not eligible.any():
             return None
-        L = request.input_len
-        B = self.block_tokens
-        held = np.zeros(len(t.infos), dtype=np.float64)
-        index = t.index
-        for wid, h in match.held_blocks.items():
-            i = index.get(wid)
-            if i is not None:
-                held[i] = h
-        p = np.minimum(held * B, L - 1)
-        r = L - p
-        est = np.empty(len(t.infos), dtype=np.float64)
-        for c, lo, hi in self._slices:
-            est[lo:hi] = self.cost.predict_degree(c, r[lo:hi], p[lo:hi])
-        c_min = int(t.degree[int(np.argmax(eligible))])  # rows sorted by degree: first eligible = C_min
-        weighted = est * (self.beta + self.lam * (t.degree - c_min) / c_min)
-        weighted[~eligible] = np.inf
-        q = t.queue_vector(now)
-        cost = q + weighted
-        k_pref = int(np.argmin(weighted))
-        k = int(np.argmin(cost)) if self._vectorised else self._route(request, match, now, eligible, q, held, p, est)
-        wid = t.infos[k].worker_id
+        c_min = int(t.degree[int(eligible.argmax())])  # rows sorted by degree: first eligible row has C_min
+        if self._vectorised:
+            ch = self._choose_fast(request.input_len, match, eligible, c_min, now)
+        else:
+            ch = self._choose_views(request, match, eligible, c_min, now)
+        k = ch.row
+        info = t.infos[k]
         placement = Placement(
             request_id=request.request_id,
-            worker_id=wid,
-            degree=int(t.degree[k]),
-            cached_tokens=int(p[k]),
-            uncached_tokens=int(r[k]),
-            predicted_s=float(est[k]),
-            queue_s=float(q[k]),
-            cost=float(cost[k]),
-            preferred_degree=int(t.degree[k_pref]),
-            epoch=t.infos[k].epoch,
+            worker_id=info.worker_id,
+            degree=info.degree,
+            cached_tokens=ch.cached,
+            uncached_tokens=request.input_len - ch.cached,
+            predicted_s=ch.est,
+            queue_s=ch.queue,
+            cost=ch.queue + ch.est * self._factor(info.degree, c_min),
+            preferred_degree=ch.pref_degree,
+            epoch=info.epoch,
         )
-        reused = min(int(held[k]), need)
+        reused = min(ch.held, need)
         ticket = Ticket(request, placement, need, need - reused, first_placement=first)
         t.reserve(ticket)
         self.tickets[request.request_id] = ticket
         return placement
 
-    def _route(
-        self,
-        request: Request,
-        match: PrefixMatch,
-        now: float,
-        eligible: np.ndarray,
-        q: np.ndarray,
-        held: np.ndarray,
-        p: np.ndarray,
-        est: np.ndarray,
-    ) -> int:
+    def _factor(self, degree: int, c_min: int) -> float:
+        """β + λ·(C − C_min)/C_min (same operation order as the vectorised and view paths)."""
+        return self.beta + self.lam * (degree - c_min) / c_min
+
+    def _choose_fast(self, L: int, match: PrefixMatch, eligible: np.ndarray, c_min: int, now: float) -> _Choice:
+        """argmin J without per-worker Ê for non-holders.
+
+        A worker holding none of the prompt has Ê = E_C(L, 0), the same for its whole degree, so among the
+        non-holders of a degree the one with the least q_w (lower id on ties) is the only candidate; holders
+        (few) are evaluated one by one. Result identical to the row-wise argmin with the (C, id) tie rule.
+        """
         t = self.table
+        q = t.queue_vector(now)
+        qm = np.where(eligible, q, np.inf)
+        index = t.index
+        holders: list[tuple[int, int]] = []
+        for wid, h in match.held_blocks.items():
+            k = index.get(wid)
+            if k is not None and h > 0:
+                qm[k] = np.inf  # evaluated individually below
+                if eligible[k]:
+                    holders.append((k, h))
+        predict = self.cost.predict
+        best: tuple[float, int, int] | None = None  # (J, degree, worker id) — the tie rule is the tuple order
+        best_c: _Choice | None = None
+        pref: tuple[float, int] | None = None  # (β·Ê + λ-term, degree)
+        factors: dict[int, float] = {}
+        for c, lo, hi in self._slices:
+            f = factors[c] = self._factor(c, c_min)
+            j = lo + int(qm[lo:hi].argmin())
+            qj = float(qm[j])
+            if qj == np.inf:
+                continue
+            e = predict(c, L, 0)
+            key = (qj + e * f, c, t.infos[j].worker_id)
+            if best is None or key < best:
+                best, best_c = key, _Choice(j, 0, 0, e, qj, 0)
+            if pref is None or (e * f, c) < pref:
+                pref = (e * f, c)
+        B = self.block_tokens
+        for k, h in holders:
+            c = t.infos[k].degree
+            f = factors[c]
+            cached = min(h * B, L - 1)
+            e = predict(c, L - cached, cached)
+            qk = float(q[k])
+            key = (qk + e * f, c, t.infos[k].worker_id)
+            if best is None or key < best:
+                best, best_c = key, _Choice(k, h, cached, e, qk, 0)
+            if pref is None or (e * f, c) < pref:
+                pref = (e * f, c)
+        assert best_c is not None and pref is not None
+        best_c.pref_degree = pref[1]
+        return best_c
+
+    def _choose_views(
+        self, request: Request, match: PrefixMatch, eligible: np.ndarray, c_min: int, now: float
+    ) -> _Choice:
+        """Row-wise Ê and J for every worker, then the router over WorkerViews of the eligible rows."""
+        t = self.table
+        L = request.input_len
+        held = np.zeros(len(t.infos), dtype=np.int64)
+        for wid, h in match.held_blocks.items():
+            i = t.index.get(wid)
+            if i is not None:
+                held[i] = h
+        p = np.minimum(held * self.block_tokens, L - 1)
+        r = L - p
+        est = np.empty(len(t.infos), dtype=np.float64)
+        for c, lo, hi in self._slices:
+            est[lo:hi] = self.cost.predict_degree(c, r[lo:hi], p[lo:hi])
+        weighted = est * (self.beta + self.lam * (t.degree - c_min) / c_min)
+        weighted[~eligible] = np.inf
+        q = t.queue_vector(now)
         views = [
             WorkerView(
                 worker_id=t.infos[i].worker_id,
@@ -217,7 +276,8 @@ class Scheduler:
         k = t.index.get(wid)
         if k is None or not eligible[k]:
             raise ValueError(f"routing policy {type(self.router).__name__} chose non-candidate worker {wid}")
-        return k
+        pref = int(t.degree[int(np.argmin(weighted))])
+        return _Choice(k, int(held[k]), int(p[k]), float(est[k]), float(q[k]), pref)
 
     def started(self, request_id: str, worker_id: int, now: float) -> bool:
         """The engine began the prefill; False if the report is stale (request re-placed or unknown)."""
