@@ -12,6 +12,7 @@ emitted stop id is part of the output (it decodes to no text).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,6 +31,15 @@ class PrefillOutput:
     @property
     def num_tokens(self) -> int:
         return int(self.kv.shape[3])
+
+
+@dataclass(slots=True)
+class KVHandle:
+    """A prefill's output as it travels through Ray: the KV stays in the object store (``kv_ref``, put there
+    by the prefill rank); only the logits ride along inline."""
+
+    kv_ref: Any  # ray.ObjectRef of the [layers, 2, Hkv, T, D] tensor
+    logits: torch.Tensor
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from typing import Any
 import ray
 
 from vertumnus.config import ModelConfig
-from vertumnus.serving.decode_engine import DecodeEngine, PrefillOutput
+from vertumnus.serving.decode_engine import DecodeEngine, KVHandle, PrefillOutput
 from vertumnus.serving.handoff import DecodeChunk, DecodeRequest
 from vertumnus.serving.sampling import SamplingParams
 
@@ -45,13 +45,14 @@ class DecodeActor:
         return True
 
     async def generate(
-        self, request_id: str, out: PrefillOutput, params: SamplingParams, eos_ids: frozenset[int]
+        self, request_id: str, handle: KVHandle, params: SamplingParams, eos_ids: frozenset[int]
     ) -> AsyncIterator[DecodeChunk]:
         """Stream one request's tokens; the sequence's KV is freed on finish, abort or error."""
+        kv = await handle.kv_ref  # object store → this actor (never through the server process)
         if request_id in self._aborted:
             self._aborted.discard(request_id)
             return
-        self.engine.open(request_id, out, params, eos_ids)
+        self.engine.open(request_id, PrefillOutput(kv, handle.logits), params, eos_ids)
         try:
             tok, reason = self.engine.step(request_id)
             yield DecodeChunk([tok], reason)

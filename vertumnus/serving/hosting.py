@@ -81,6 +81,10 @@ def start_hosting(cfg: VertumnusConfig, address: str | None = None, timeout_s: f
     hosting = RayHosting(use_gpu, owns_cluster=address is None, temp_dir=temp_dir)
     bundle = {"GPU": 1.0, "CPU": 1.0} if use_gpu else {"CPU": 1.0}
     need = cfg.pool.total_gpus
+    if not use_gpu and cfg.serving.cpu_slots != need:
+        hosting.close()
+        raise ValueError(f"serving.cpu_slots={cfg.serving.cpu_slots} must equal pool.nodes × pool.gpus_per_node "
+                         f"= {need} when the ranks run on CPU slots")
     have = float(resources.get("GPU" if use_gpu else "CPU", 0.0))
     if have < need:
         hosting.close()
