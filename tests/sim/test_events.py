@@ -62,7 +62,7 @@ def test_past_events_rejected_and_until_stops() -> None:
     loop.step()
     with pytest.raises(ValueError, match="in the past"):
         loop.push(4.0, EventKind.ENGINE, lambda: None)
-    count = []
+    count: list[float] = []
     for t in (6.0, 7.0, 8.0):
         loop.push(t, EventKind.ENGINE, count.append, t)
     loop.run(until=lambda: len(count) == 2)

@@ -6,9 +6,10 @@ Each function takes one or more labelled runs, so ``simulate`` (one policy) and 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -108,6 +109,27 @@ def hit_rate_timeline(runs: Sequence[PlotRun], path: Path, width_s: float = 60.0
     ax.set_title("Prefix hit rate over time")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def rate_lines(
+    rates: Sequence[float], series: Mapping[str, Sequence[dict[str, Any]]], path: Path, title: str = ""
+) -> Path:
+    """Mean TTFT, P90 TTFT and token-weighted SLO attainment against request rate, one line per policy."""
+    fig, axes = plt.subplots(1, 3, figsize=(12.5, 3.8))
+    keys = (("mean_ttft_s", "mean TTFT (s)"), ("p90_ttft_s", "P90 TTFT (s)"),
+            ("slo_attainment_token_weighted", "SLO attainment (token-weighted)"))  # fmt: skip
+    for ax, (key, label) in zip(axes, keys, strict=True):
+        for name, sums in series.items():
+            ys = [np.nan if s.get(key) is None else s[key] for s in sums]
+            ax.plot(rates, ys, marker="o", ms=3, lw=1.3, label=name, ls="--" if name == "lower-bound" else "-")
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if key != "slo_attainment_token_weighted":
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title)
     return _save(fig, path)
 
 

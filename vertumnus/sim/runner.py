@@ -1,0 +1,206 @@
+"""Run one policy on one workload: the event loop drives the very same :class:`~vertumnus.pool.PrefillPool`
+the server runs, over a :class:`~vertumnus.engines.sim.SimDataPlane`.
+
+Event flow: arrivals are pushed one at a time (the heap stays small); an arrival calls ``pool.submit``; the data
+plane's callbacks are ENGINE events; the pool's timers (window ends, cache scans) are TIMER events scheduled at
+``pool.next_timer()``, re-read after every event. The run ends when every request finished or was rejected
+(or, with requests stuck, ``drain_limit_s`` after the last arrival).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vertumnus.config import VertumnusConfig, format_composition
+from vertumnus.controller.initial import History, summarize_history
+from vertumnus.engines.sim import SimDataPlane, SimStats
+from vertumnus.pool import PrefillPool
+from vertumnus.profiling.cost_model import CostModel
+from vertumnus.scheduler.scheduler import RequestRejected
+from vertumnus.sim.baselines import SGLangCacheAwarePolicy
+from vertumnus.sim.events import EventKind, EventLoop
+from vertumnus.sim.lower_bound import lower_bound
+from vertumnus.sim.metrics import Collector, ReconfigRecord, summarize
+from vertumnus.sim.policies import LOWER_BOUND, configure
+from vertumnus.types import Request
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Everything a report needs from one run."""
+
+    policy: str
+    summary: dict[str, Any]
+    collector: Collector
+    composition: list[tuple[float, dict[int, int]]]
+    reconfigs: list[ReconfigRecord] = field(default_factory=list)
+    stats: SimStats | None = None
+
+    @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        return self.collector.arrays()
+
+
+def workload_history(requests: Sequence[Request], cfg: VertumnusConfig, cost: CostModel) -> History:
+    """The simulated workload as its own history (initial composition when none is configured)."""
+    c = cfg
+    return summarize_history(
+        np.array([r.arrival_s for r in requests]), np.array([r.input_len for r in requests], dtype=np.int64),
+        [r.block_keys for r in requests], cost, c.pool.degrees, c.controller.window_s,
+        c.controller.long_threshold_tokens, c.cache.block_tokens, c.scheduler.beta, c.scheduler.lam,
+    )  # fmt: skip
+
+
+class Simulation:
+    """One run: event loop + sim data plane + pool + collector."""
+
+    def __init__(
+        self,
+        requests: Sequence[Request],
+        cfg: VertumnusConfig,
+        cost: CostModel,
+        policy: str = "vertumnus",
+        composition: str | None = None,
+        drain_limit_s: float = 3600.0,
+    ) -> None:
+        self.requests = sorted(requests, key=lambda r: r.arrival_s)  # stable: equal times keep input order
+        self.policy = policy
+        self.cfg, router = configure(policy, cfg, composition)
+        self.cost = cost
+        self.loop = EventLoop()
+        self.data_plane = SimDataPlane(self.cfg, cost, self.loop)
+        history = None
+        if not self.cfg.pool.initial_composition and not self.cfg.controller.history_trace:
+            history = workload_history(self.requests, self.cfg, cost)
+        self.pool = PrefillPool(self.cfg, cost, self.data_plane, self.loop.clock, router=router, history=history)
+        self.collector = Collector(self.cfg.slo.t_ext_s, self.loop.clock)
+        self.collector.expect(self.requests)
+        self.pool.add_listener(self.collector)
+        if isinstance(router, SGLangCacheAwarePolicy):
+            self.pool.add_listener(router)  # its in-flight request counters follow completions
+        last = self.requests[-1].arrival_s if self.requests else 0.0
+        self.end_limit = last + drain_limit_s
+        self._next = 0
+        self._timer_at = math.inf
+
+    # -- events -----------------------------------------------------------------------------------------------
+    def _push_arrival(self) -> None:
+        if self._next < len(self.requests):
+            r = self.requests[self._next]
+            self._next += 1
+            self.loop.push(r.arrival_s, EventKind.ARRIVAL, self._arrive, r)
+
+    def _arrive(self, request: Request) -> None:
+        self._push_arrival()
+        try:
+            self.pool.submit(request)
+        except RequestRejected:
+            self.collector.rejected(request)
+
+    def _timer(self) -> None:
+        if self.loop.now >= self._timer_at:
+            self._timer_at = math.inf
+        self.pool.on_timer(self.loop.now)
+
+    def _arm_timer(self) -> None:
+        nt = self.pool.next_timer()
+        if nt < self._timer_at:
+            self._timer_at = max(nt, self.loop.now)
+            self.loop.push(self._timer_at, EventKind.TIMER, self._timer)
+
+    # -- run ------------------------------------------------------------------------------------------------
+    def run(self, progress: Callable[[int, int], None] | None = None) -> RunResult:
+        """Simulate to the end; ``progress(done, total)`` is called every few hundred events."""
+        wall0 = time.perf_counter()
+        self.pool.start()
+        snap = self.pool.snapshot()
+        self.collector.set_workers({w.worker_id: w.degree for w in snap.workers}, self.loop.now)
+        initial = snap.composition
+        self._push_arrival()
+        loop, col = self.loop, self.collector
+        total = len(self.requests)
+        while loop.step():
+            self._arm_timer()
+            if col.remaining == 0 and self._next >= total:
+                break
+            if loop.now > self.end_limit:
+                break
+            if progress is not None and loop.popped % 512 == 0:
+                progress(total - col.remaining, total)
+        wall = time.perf_counter() - wall0
+        if progress is not None:
+            progress(total - col.remaining, total)
+        self.data_plane.close()
+        summary = self._summary(wall, initial)
+        return RunResult(self.policy, summary, col, col.composition, col.reconfigs, self.data_plane.stats)
+
+    def _summary(self, wall: float, initial: str) -> dict[str, Any]:
+        col, stats = self.collector, self.data_plane.stats
+        out: dict[str, Any] = {"policy": self.policy}
+        out.update(summarize(col.arrays()))
+        statuses = [r.status for r in col.records.values()]
+        final: dict[int, int] = {}
+        for c in col.degrees.values():
+            final[c] = final.get(c, 0) + 1
+        drains = [r.drain_s for r in col.reconfigs]
+        switches = [r.switch_s for r in col.reconfigs]
+        out.update(
+            {
+                "rejected": statuses.count("rejected"),
+                "failed": statuses.count("failed"),
+                "unfinished": statuses.count("pending"),
+                "reconfigurations": len(col.reconfigs),
+                "splits": sum(r.kind == "split" for r in col.reconfigs),
+                "merges": sum(r.kind == "merge" for r in col.reconfigs),
+                "mean_drain_s": float(np.mean(drains)) if drains else None,
+                "max_drain_s": float(np.max(drains)) if drains else None,
+                "mean_switch_s": float(np.mean(switches)) if switches else None,
+                "replications": col.replications,
+                "reclamations": col.reclamations,
+                "reconciles": col.reconciles,
+                "failed_cache_ops": col.failed_ops,
+                "copied_blocks": stats.copied_blocks,
+                "evicted_blocks": stats.evicted_blocks,
+                "initial_composition": initial,
+                "final_composition": format_composition(final),
+                "sim_time_s": self.loop.now,
+                "events": self.loop.popped,
+                "sim_wall_s": wall,
+                "events_per_s": self.loop.popped / wall if wall > 0 else None,
+            }
+        )
+        return out
+
+
+def run_lower_bound(requests: Sequence[Request], cfg: VertumnusConfig, cost: CostModel) -> RunResult:
+    """The zero-queue lower bound as a run result (no pool, no events)."""
+    wall0 = time.perf_counter()
+    col = Collector(cfg.slo.t_ext_s, lambda: 0.0)
+    for rec in lower_bound(requests, cost, cfg.pool.degrees, cfg.cache.block_tokens, cfg.slo.t_ext_s):
+        col.records[rec.request_id] = rec
+    out: dict[str, Any] = {"policy": LOWER_BOUND}
+    out.update(summarize(col.arrays()))
+    out.update({"reconfigurations": 0, "replications": 0, "reclamations": 0})
+    out["sim_wall_s"] = time.perf_counter() - wall0
+    return RunResult(LOWER_BOUND, out, col, [])
+
+
+def run_policy(
+    requests: Sequence[Request],
+    cfg: VertumnusConfig,
+    cost: CostModel,
+    policy: str,
+    composition: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> RunResult:
+    """Run ``policy`` (any name of :data:`~vertumnus.sim.policies.POLICIES`) on ``requests``."""
+    if policy == LOWER_BOUND:
+        configure(policy, cfg, composition)
+        return run_lower_bound(requests, cfg, cost)
+    return Simulation(requests, cfg, cost, policy, composition).run(progress)
