@@ -21,7 +21,13 @@ from vertumnus.cache.manager import CacheManager
 from vertumnus.config import VertumnusConfig, format_composition, parse_composition
 from vertumnus.controller.controller import Controller
 from vertumnus.controller.epochs import EpochManager, Phase
-from vertumnus.controller.initial import History, choose_initial, read_trace_lengths, summarize_history
+from vertumnus.controller.initial import (
+    TRACE_BLOCK_TOKENS,
+    History,
+    choose_initial,
+    read_trace_lengths,
+    summarize_history,
+)
 from vertumnus.controller.lattice import Lattice
 from vertumnus.interfaces import DataPlane, PrefillJob
 from vertumnus.pool_listener import PoolListener, PoolSnapshot, WorkerSnapshot
@@ -84,7 +90,7 @@ class PrefillPool:
         c = self.cfg
         return summarize_history(
             ts, lens, keys, self.cost, c.pool.degrees, c.controller.window_s, c.controller.long_threshold_tokens,
-            c.cache.block_tokens, c.scheduler.beta, c.scheduler.lam,
+            TRACE_BLOCK_TOKENS, c.scheduler.beta, c.scheduler.lam,
         )  # fmt: skip
 
     # -- lifecycle ----------------------------------------------------------------------------------------

@@ -1,9 +1,133 @@
-"""Commands registered by a later part of the pipeline."""
+"""`vertumnus bench control-plane`: placement latency, replay throughput, trie scan and memory figures."""
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
 import typer
+
+from vertumnus.bench_control_plane import DEFAULT_TRACE, measure_placement, measure_replay
+from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT
+from vertumnus.profiling.cost_model import CostModel
+
+# (key, target, "max" = must not exceed / "min" = must reach)
+TARGETS: dict[str, tuple[float, str]] = {
+    "placement_us_p99": (250.0, "max"),
+    "replay_requests_per_s": (3000.0, "min"),
+    "bytes_per_trie_node": (400.0, "max"),
+}
+
+
+def run_benchmark(
+    workers: int,
+    trace: Path,
+    samples: int,
+    trie_nodes: int,
+    scan_active: int,
+    documents: int = 512,
+    profile: Path | None = None,
+) -> dict[str, Any]:
+    """All figures as one flat dict (the JSON output)."""
+    from vertumnus.cache import bench as cache_bench
+
+    cost = CostModel.from_file(profile or REPO_ROOT / DEFAULT_PROFILE)
+    out: dict[str, Any] = {
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "cost_profile": cost.profile.source,
+    }
+    pl = measure_placement(cost, workers=workers, documents=documents, samples=samples)
+    out |= {
+        "workers": pl.workers,
+        "placement_prompt_tokens": 131072,
+        "placement_trie_nodes": pl.trie_nodes,
+        "placement_samples": pl.samples,
+        "placement_us_p50": round(pl.p50_us, 1),
+        "placement_us_p99": round(pl.p99_us, 1),
+        "placement_us_mean": round(pl.mean_us, 1),
+    }
+    rp = measure_replay(cost, trace)
+    out |= {
+        "replay_trace": str(trace),
+        "replay_requests": rp.requests,
+        "replay_completed": rp.completed,
+        "replay_wall_s": round(rp.wall_s, 3),
+        "replay_requests_per_s": round(rp.requests_per_s, 1),
+        "replay_events": rp.events,
+        "replay_reconfigurations": rp.reconfigurations,
+        "replay_cache_ops": rp.cache_ops,
+        "replay_composition": f"{rp.composition_start} -> {rp.composition_end}",
+    }
+    st = cache_bench.build_trie(trie_nodes, n_workers=workers)
+    sc = cache_bench.scan_ms(st, scan_active)
+    del st
+    out |= {
+        "scan_ms": round(sc["scan_ms"], 3),
+        "scan_active_nodes": int(sc["active_nodes"]),
+        "scan_trie_nodes": int(sc["trie_nodes"]),
+    }
+    mem = cache_bench.bytes_per_trie_node(trie_nodes, n_workers=workers)
+    out |= {"bytes_per_trie_node": round(mem["bytes_per_trie_node"], 1), "memory_trie_nodes": int(mem["trie_nodes"])}
+    for key, (target, kind) in TARGETS.items():
+        v = float(out[key])
+        out[f"{key}_target"] = target
+        out[f"{key}_ok"] = v <= target if kind == "max" else v >= target
+    return out
+
+
+def _table(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"control plane ({res['machine']}, {res['cpus']} CPUs, profile {res['cost_profile']})")
+    for col in ("figure", "value", "target"):
+        t.add_column(col)
+    rows = [
+        ("placement_us_p50", "µs", ""),
+        ("placement_us_p99", "µs", "≤ 250"),
+        ("replay_requests_per_s", "req/s", "≥ 3000"),
+        ("scan_ms", "ms", "grows with active nodes"),
+        ("bytes_per_trie_node", "B", "≤ 400"),
+    ]
+    for key, unit, target in rows:
+        ok = res.get(f"{key}_ok")
+        mark = "" if ok is None else (" ✓" if ok else " ✗")
+        t.add_row(key, f"{res[key]} {unit}", target + mark)
+    Console().print(t)
+    typer.echo(
+        f"placement: {res['workers']} workers, 128K-token prompt, trie {res['placement_trie_nodes']} nodes; "
+        f"replay: {res['replay_completed']}/{res['replay_requests']} requests in {res['replay_wall_s']} s, "
+        f"{res['replay_reconfigurations']} reconfigurations, {res['replay_cache_ops']} cache ops "
+        f"({res['replay_composition']}); scan: {res['scan_active_nodes']} active of {res['scan_trie_nodes']} nodes"
+    )
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
-    """Nothing registered yet."""
+    @bench_app.command("control-plane")
+    def control_plane(
+        workers: int = typer.Option(64, "--workers", "-n", help="Workers in the placement benchmark."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
+        trace: Path = typer.Option(DEFAULT_TRACE, "--trace", help="Mooncake JSONL trace to replay."),
+        samples: int = typer.Option(3000, "--samples", help="Timed placements."),
+        trie_nodes: int = typer.Option(1_000_000, "--trie-nodes", help="Trie size for the scan / memory figures."),
+        scan_active: int = typer.Option(10_000, "--scan-active", help="Nodes with live statistics in the scan."),
+        documents: int = typer.Option(
+            512, "--documents", help="Cached 128K-token documents in the placement trie (256 nodes each)."
+        ),
+        profile: Path | None = typer.Option(None, "--profile", help="Cost profile YAML (default: calibrated)."),
+    ) -> None:
+        """Measure the control plane (real scheduler, cache manager and controller; synthetic traffic)."""
+        if workers < 2 or samples < 1 or trie_nodes < 1000 or scan_active < 1 or documents < 1:
+            raise ValueError(
+                "need --workers ≥ 2, --samples ≥ 1, --trie-nodes ≥ 1000, --scan-active ≥ 1, --documents ≥ 1"
+            )
+        res = run_benchmark(workers, trace, samples, trie_nodes, scan_active, documents, profile)
+        if as_json:
+            typer.echo(json.dumps(res))
+        else:
+            _table(res)

@@ -37,8 +37,11 @@ class History:
     demand_s: dict[tuple[int, ...], float]  # sorted degree set -> D̄ per window (seconds of Ê)
 
 
+TRACE_BLOCK_TOKENS = 512  # Mooncake hash ids cover 512-token blocks
+
+
 def read_trace_lengths(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[tuple[int, ...]]]:
-    """Arrival times (s), input lengths and chained block keys from a Mooncake JSONL trace."""
+    """Arrival times (s), input lengths and chained keys of the *full* blocks from a Mooncake JSONL trace."""
     p = Path(path)
     if not p.exists():
         raise ValueError(f"history trace not found: {p}")
@@ -52,8 +55,9 @@ def read_trace_lengths(path: str | Path) -> tuple[np.ndarray, np.ndarray, list[t
             try:
                 rec = json.loads(line)
                 ts.append(float(rec["timestamp"]) / 1000.0)
-                lens.append(int(rec["input_length"]))
-                keys.append(keys_from_hash_ids(rec.get("hash_ids", ())))
+                n = int(rec["input_length"])
+                lens.append(n)
+                keys.append(keys_from_hash_ids(rec.get("hash_ids", ())[: n // TRACE_BLOCK_TOKENS]))
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{p}:{lineno}: not a Mooncake trace record ({e})") from None
     if not ts:

@@ -1,0 +1,208 @@
+"""Control-plane benchmark: placement latency, replay throughput, trie scan cost and memory per node.
+
+- ``placement``: the real pool (scheduler + cache manager + controller) over N workers (half CP8, half CP4)
+  and a trie pre-filled with 256-block prompts held by 1–3 workers each; times one ``pool.submit`` of a
+  128K-token (256-block) prompt whose first half is a cached document — trie match, placement cost over all
+  workers, reservation, access / missed statistics, reconcile check, pin — then completes it (untimed).
+- ``replay``: a Mooncake trace through the whole control plane (submit, completions, cache reports, windows,
+  scans, reconfigurations) on 40 GPUs of CP4 / CP8 over :class:`~vertumnus.instant_plane.InstantPlane`,
+  one thread; requests per wall-clock second of the event loop (trace loading excluded).
+- ``scan_ms`` / ``bytes_per_trie_node``: the cache manager's own measurements (:mod:`vertumnus.cache.bench`).
+
+Figures depend on the machine; the CLI prints them, tests never assert on them.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vertumnus.cache.block_keys import keys_from_hash_ids
+from vertumnus.config import REPO_ROOT, VertumnusConfig, config_from_dict, format_composition
+from vertumnus.controller.initial import TRACE_BLOCK_TOKENS, read_trace_lengths
+from vertumnus.instant_plane import EventHeap, InstantPlane
+from vertumnus.pool import PrefillPool
+from vertumnus.profiling.cost_model import CostModel
+from vertumnus.types import CacheReport, CacheReportKind, PrefillResult, Request
+
+DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "conversation_first15min.jsonl"
+PROMPT_BLOCKS = 256  # 128K tokens of 512-token blocks
+
+
+@dataclass(slots=True)
+class PlacementFigures:
+    workers: int
+    trie_nodes: int
+    samples: int
+    p50_us: float
+    p99_us: float
+    mean_us: float
+
+
+@dataclass(slots=True)
+class ReplayFigures:
+    requests: int
+    completed: int
+    wall_s: float
+    requests_per_s: float
+    events: int
+    reconfigurations: int
+    cache_ops: int
+    composition_start: str
+    composition_end: str
+
+
+def _bench_config(nodes: int, composition: str | None, controller: bool) -> VertumnusConfig:
+    return config_from_dict(
+        {
+            "pool": {"nodes": nodes, "gpus_per_node": 8, "degrees": [4, 8], "max_model_len": 262144,
+                     "kv_capacity_blocks_per_rank": 1024, "initial_composition": composition},
+            "controller": {"enabled": controller},
+        }
+    )  # fmt: skip
+
+
+class _NullPlane:
+    """Accepts everything, does nothing (the placement benchmark completes jobs itself)."""
+
+    def start(self, groups: Any, epoch: int, events: Any) -> None:
+        self.groups = list(groups)
+
+    def submit(self, worker_id: int, job: Any) -> None: ...
+
+    def withdraw(self, worker_id: int) -> list[Any]:
+        return []
+
+    def park(self, worker_ids: Any) -> None: ...
+
+    def activate(self, plan: Any) -> None: ...
+
+    def execute(self, op: Any) -> None: ...
+
+    def restart(self, group: Any, epoch: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def measure_placement(
+    cost: CostModel, workers: int = 64, documents: int = 512, samples: int = 3000, seed: int = 0
+) -> PlacementFigures:
+    """p50 / p99 of one 128K-token placement on ``workers`` workers (see the module docstring)."""
+    if workers < 2:
+        raise ValueError("--workers must be at least 2")
+    n8 = workers // 2
+    n4 = workers - n8
+    if n4 % 2:
+        n8, n4 = n8 + 1, n4 - 1
+    comp = format_composition({8: n8, 4: n4})
+    cfg = _bench_config(n8 + n4 // 2, comp, controller=False)
+    plane = _NullPlane()
+    now = [0.0]
+    pool = PrefillPool(cfg, cost, plane, lambda: now[0])  # type: ignore[arg-type]
+    pool.start()
+    ids = [g.worker_id for g in plane.groups]
+    for g in plane.groups:
+        for r in g.ranks:
+            pool.epoch_ack(g.worker_id, r, 1, 0.0)
+    rng = random.Random(seed)
+    docs = [keys_from_hash_ids([d * 1_000_000 + b for b in range(PROMPT_BLOCKS)]) for d in range(documents)]
+    for keys in docs:  # each document cached (whole) at 1-3 workers
+        for wid in rng.sample(ids, rng.randint(1, 3)):
+            pool.cache_report(CacheReport(wid, CacheReportKind.STORED, keys, None))
+    half = PROMPT_BLOCKS // 2
+    warm = 200
+    times = np.empty(samples, dtype=np.float64)
+    gc.collect()
+    gc.freeze()
+    for k in range(warm + samples):
+        doc = docs[rng.randrange(documents)]
+        keys = doc[:half] + keys_from_hash_ids([10**12 + k * PROMPT_BLOCKS + b for b in range(half)])
+        req = Request(f"p{k}", now[0], PROMPT_BLOCKS * TRACE_BLOCK_TOKENS, keys)
+        t0 = time.perf_counter_ns()
+        placement = pool.submit(req)
+        t1 = time.perf_counter_ns()
+        assert placement is not None
+        if k >= warm:
+            times[k - warm] = (t1 - t0) / 1000.0
+        pool.prefill_started(placement.worker_id, req.request_id, now[0])
+        pool.prefill_done(PrefillResult(req.request_id, placement.worker_id, placement.cached_tokens, 0.0, 0.0))
+    gc.unfreeze()
+    nodes = int(pool.cache.stats()["nodes"])
+    return PlacementFigures(
+        workers, nodes, samples, float(np.percentile(times, 50)), float(np.percentile(times, 99)), float(times.mean())
+    )
+
+
+def load_trace_requests(path: str | Path) -> list[Request]:
+    """Requests of a Mooncake trace (full-block keys), arrival times relative to the first request."""
+    ts, lens, keys = read_trace_lengths(path)
+    t0 = float(ts.min())
+    return [Request(f"t{i}", float(ts[i]) - t0, int(lens[i]), keys[i]) for i in range(len(lens))]
+
+
+def measure_replay(
+    cost: CostModel, trace: str | Path = DEFAULT_TRACE, switch_s: float = 0.8, cfg: VertumnusConfig | None = None
+) -> ReplayFigures:
+    """Replay a trace through the whole control plane on 40 GPUs (5 nodes × 8, CP4 / CP8; controller on; the
+    trace itself is the history for the initial composition). ``cfg`` replaces that pool configuration."""
+    p = Path(trace)
+    if not p.exists():
+        raise ValueError(f"trace not found: {p} (pass --trace FILE)")
+    requests = load_trace_requests(p)
+    if cfg is None:
+        cfg = _bench_config(5, None, controller=True)
+        cfg.controller.history_trace = str(p)
+    heap = EventHeap()
+    plane = InstantPlane(heap, switch_s)
+    pool = PrefillPool(cfg, cost, plane, heap.clock)
+    pool.start()
+    start_comp = format_composition(pool.lattice.composition())
+    ops = [0]
+
+    class _Count:
+        def request_done(self, *a: Any) -> None: ...
+
+        def reconfig_done(self, *a: Any) -> None: ...
+
+        def cache_op_done(self, *a: Any) -> None:
+            ops[0] += 1
+
+    pool.add_listener(_Count())
+    arrivals = iter(requests)
+
+    def arrive(req: Request) -> None:
+        pool.submit(req)
+        nxt = next(arrivals, None)
+        if nxt is not None:
+            heap.push(nxt.arrival_s, 2, arrive, nxt)
+
+    timer_at = [float("inf")]
+
+    def timer() -> None:
+        pool.on_timer(heap.now)
+        timer_at[0] = float("inf")
+
+    first = next(arrivals)
+    heap.push(first.arrival_s, 2, arrive, first)
+    horizon = requests[-1].arrival_s + 3600.0  # guard: never spin on timers for requests that cannot finish
+    gc.collect()
+    t0 = time.perf_counter()
+    while True:
+        nt = pool.next_timer()
+        pending = len(requests) - plane.completed
+        if nt < timer_at[0] and pending > 0 and nt < horizon:
+            timer_at[0] = nt
+            heap.push(nt, 1, timer)
+        if not heap.pop():
+            break
+    wall = time.perf_counter() - t0
+    return ReplayFigures(
+        len(requests), plane.completed, wall, len(requests) / wall, heap.popped, len(pool.epochs.records), ops[0],
+        start_comp, format_composition(pool.lattice.composition()),
+    )  # fmt: skip
