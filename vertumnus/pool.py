@@ -18,9 +18,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from vertumnus.cache.manager import CacheManager
-from vertumnus.config import VertumnusConfig, format_composition, parse_composition
+from vertumnus.config import VertumnusConfig, parse_composition
 from vertumnus.controller.controller import Controller
-from vertumnus.controller.epochs import EpochManager, Phase
+from vertumnus.controller.epochs import EpochManager
 from vertumnus.controller.initial import (
     TRACE_BLOCK_TOKENS,
     History,
@@ -30,7 +30,7 @@ from vertumnus.controller.initial import (
 )
 from vertumnus.controller.lattice import Lattice
 from vertumnus.interfaces import DataPlane, PrefillJob
-from vertumnus.pool_listener import PoolListener, PoolSnapshot, WorkerSnapshot
+from vertumnus.pool_listener import PoolListener, PoolSnapshot, WorkerSnapshot, build_snapshot
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.scheduler.policy import RoutingPolicy
 from vertumnus.scheduler.scheduler import RequestRejected, Scheduler
@@ -42,7 +42,6 @@ from vertumnus.types import (
     ReconfigKind,
     ReconfigPlan,
     Request,
-    WorkerState,
 )
 
 __all__ = ["PoolListener", "PoolSnapshot", "PrefillPool", "RequestRejected", "WorkerSnapshot"]
@@ -239,41 +238,9 @@ class PrefillPool:
 
     def snapshot(self) -> PoolSnapshot:
         """The pool right now (``/v1/pool``)."""
-        now = self.clock()
-        q = self.scheduler.queue_map(now)
-        gpn = self.cfg.pool.gpus_per_node
-        workers: list[WorkerSnapshot] = []
-        t = self.scheduler.table
-        for i, info in enumerate(t.infos):
-            wid = info.worker_id
-            g = self.epochs.group(wid)
-            workers.append(
-                WorkerSnapshot(
-                    wid, info.degree, info.node, g.global_ranks(gpn) if g is not None else (),
-                    WorkerState(int(t.state[i])).name, info.epoch, q[wid], len(info.tickets), info.running,
-                    int(t.free_blocks[i]), self.cache.cached_blocks(wid) if self.epochs.in_cache(wid) else 0,
-                )
-            )  # fmt: skip
-        workers.sort(key=lambda w: w.worker_id)
-        cur = self.epochs.current
-        reconf = None
-        if cur is not None:
-            src = ",".join(str(s.worker_id) for s in cur.plan.sources)
-            dst = ",".join(str(x.worker_id) for x in cur.plan.targets)
-            phase = "drain" if cur.phase == Phase.DRAIN else "switch"
-            reconf = f"{cur.plan.kind.name.lower()} {src} -> {dst} ({phase})"
-        last = None
-        if self.controller.reports:
-            r = self.controller.reports[-1]
-            last = {
-                "index": r.index, "end_s": r.end_s, "demand_s": r.demand_s, "capacity_s": r.capacity_s,
-                "rho": r.rho, "requests": r.requests, "long_fraction": r.long_fraction,
-                "direction": r.direction.name, "reason": r.reason, "streak": r.streak,
-            }  # fmt: skip
-        return PoolSnapshot(
-            now, self.epochs.epoch, format_composition(self.lattice.composition()), workers,
-            len(self._backlog) + len(self._requeued), len(self.scheduler.tickets), reconf, last,
-            len(self.epochs.records), dict(self.cache.stats()),
+        return build_snapshot(
+            self.clock(), self.scheduler, self.epochs, self.controller, self.cache,
+            len(self._backlog) + len(self._requeued), self.cfg.pool.gpus_per_node,
         )  # fmt: skip
 
     # -- EngineEvents -------------------------------------------------------------------------------------

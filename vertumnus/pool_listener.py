@@ -10,7 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from vertumnus.types import CacheOp, Placement, PrefillResult, ReconfigPlan, Request
+from vertumnus.config import format_composition
+from vertumnus.controller.controller import Controller
+from vertumnus.controller.epochs import EpochManager, Phase
+from vertumnus.scheduler.scheduler import Scheduler
+from vertumnus.types import CacheOp, Placement, PrefillResult, ReconfigPlan, Request, WorkerState
 
 
 class PoolListener(Protocol):
@@ -63,3 +67,54 @@ class PoolSnapshot:
     last_window: dict[str, float | int | str | None] | None  # demand_s, capacity_s, rho, requests, ...
     reconfigs_done: int
     cache: dict[str, float | int] = field(default_factory=dict)  # CacheManager.stats()
+
+
+class _CacheView(Protocol):
+    def cached_blocks(self, worker_id: int) -> int: ...
+
+    def stats(self) -> dict[str, float]: ...
+
+
+def build_snapshot(
+    now: float,
+    scheduler: Scheduler,
+    epochs: EpochManager,
+    controller: Controller,
+    cache: _CacheView,
+    backlog: int,
+    gpus_per_node: int,
+) -> PoolSnapshot:
+    """Assemble a :class:`PoolSnapshot` from the pool's parts (read-only)."""
+    q = scheduler.queue_map(now)
+    t = scheduler.table
+    workers: list[WorkerSnapshot] = []
+    for i, info in enumerate(t.infos):
+        wid = info.worker_id
+        g = epochs.group(wid)
+        workers.append(
+            WorkerSnapshot(
+                wid, info.degree, info.node, g.global_ranks(gpus_per_node) if g is not None else (),
+                WorkerState(int(t.state[i])).name, info.epoch, q[wid], len(info.tickets), info.running,
+                int(t.free_blocks[i]), cache.cached_blocks(wid) if epochs.in_cache(wid) else 0,
+            )
+        )  # fmt: skip
+    workers.sort(key=lambda w: w.worker_id)
+    cur = epochs.current
+    reconf = None
+    if cur is not None:
+        src = ",".join(str(s.worker_id) for s in cur.plan.sources)
+        dst = ",".join(str(x.worker_id) for x in cur.plan.targets)
+        phase = "drain" if cur.phase == Phase.DRAIN else "switch"
+        reconf = f"{cur.plan.kind.name.lower()} {src} -> {dst} ({phase})"
+    last: dict[str, float | int | str | None] | None = None
+    if controller.reports:
+        r = controller.reports[-1]
+        last = {
+            "index": r.index, "end_s": r.end_s, "demand_s": r.demand_s, "capacity_s": r.capacity_s,
+            "rho": r.rho, "requests": r.requests, "long_fraction": r.long_fraction,
+            "direction": r.direction.name, "reason": r.reason, "streak": r.streak,
+        }  # fmt: skip
+    return PoolSnapshot(
+        now, epochs.epoch, format_composition(controller.lattice.composition()), workers, backlog,
+        len(scheduler.tickets), reconf, last, len(epochs.records), dict(cache.stats()),
+    )  # fmt: skip

@@ -312,3 +312,17 @@ def test_timers_windows_and_cache_scan_ops_are_confirmed() -> None:
     rig.pool.on_timer(10.0)
     last = rig.pool.snapshot().last_window
     assert last is not None and (last["requests"], last["index"]) == (15, 0)
+
+
+def test_completion_reported_after_the_commit_is_not_lost() -> None:
+    rig = Rig("1xCP8", nodes=1)
+    rig.ack_all()
+    rig.pool.submit(req("a", 4096))
+    rig.pool.prefill_started(0, "a", 0.0)
+    rig.pool.reconfigure(ReconfigKind.SPLIT, 0)
+    rig.pool.worker_parked(0, 0.1)  # an async data plane delivered "parked" before "done"
+    rig.ack(1, 2)
+    rig.ack(2, 2)
+    assert rig.pool.snapshot().composition == "2xCP4" and rig.pool.snapshot().inflight == 1
+    rig.pool.prefill_done(PrefillResult("a", 0, 0, 0.0, 0.2))
+    assert rig.done.requests == [("a", 0, True)] and rig.pool.snapshot().inflight == 0

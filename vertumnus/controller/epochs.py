@@ -229,8 +229,9 @@ class EpochManager:
         self.cache.on_reconfigure(plan)
         for s in plan.sources:
             self._in_cache.discard(s.worker_id)
-            for ticket in self.scheduler.remove_worker(s.worker_id):
-                self.scheduler.tickets.pop(ticket.request.request_id, None)  # orphan: its worker is gone
+            # A completion still in flight (parked reported before prefill_done) keeps its ticket: the late
+            # prefill_done finds it and reports the request; releasing it touches no worker row.
+            self.scheduler.remove_worker(s.worker_id)
         self._in_cache.update(t.worker_id for t in plan.targets)
         self.lattice.apply(plan.sources, plan.targets)
         switch_s = now - cur.switch_start_s
