@@ -318,6 +318,7 @@ def test_completion_reported_after_the_commit_is_not_lost() -> None:
     rig = Rig("1xCP8", nodes=1)
     rig.ack_all()
     rig.pool.submit(req("a", 4096))
+    rig.plane.queues[0].pop(0)  # the engine took it: running, not withdrawable
     rig.pool.prefill_started(0, "a", 0.0)
     rig.pool.reconfigure(ReconfigKind.SPLIT, 0)
     rig.pool.worker_parked(0, 0.1)  # an async data plane delivered "parked" before "done"
