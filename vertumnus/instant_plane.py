@@ -1,9 +1,10 @@
 """A minimal in-process data plane for measuring the control plane: no engine, no copying.
 
 Each worker runs its jobs FCFS; a job finishes exactly ``placement.predicted_s`` after it starts, then the
-worker reports the prompt's blocks as stored. Cache ops are confirmed at once; a switch / restart acks every
-rank after ``switch_s``. Events go through :class:`EventHeap` and never call the pool from inside a pool call,
-so what a replay measures is the control plane (scheduler, trie, controller) plus a thin heap.
+worker reports the blocks it computed anew (beyond ``max_reuse_blocks``, under their parent) as stored, as
+engine KV events do. Cache ops are confirmed at once; a switch / restart acks every rank after ``switch_s``.
+Events go through :class:`EventHeap` and never call the pool from inside a pool call, so what a replay
+measures is the control plane (scheduler, trie, controller) plus a thin heap.
 """
 
 from __future__ import annotations
@@ -115,8 +116,9 @@ class InstantPlane:
             started = now - job.placement.predicted_s
             ev.prefill_done(PrefillResult(job.request.request_id, wid, job.placement.cached_tokens, started, now))
             self.completed += 1
-            if job.request.block_keys:
-                ev.cache_report(CacheReport(wid, CacheReportKind.STORED, job.request.block_keys, None))
+            keys, n = job.request.block_keys, job.max_reuse_blocks
+            if len(keys) > n:  # like engines' KV events: only the newly computed blocks, under their parent
+                ev.cache_report(CacheReport(wid, CacheReportKind.STORED, keys[n:], keys[n - 1] if n else None))
         if w.park:
             ev.worker_parked(wid, now)
         elif w.queue:
