@@ -295,3 +295,22 @@ def test_source_failing_while_draining_is_restarted_and_parked_again() -> None:
         for r in range(4):
             rig.epochs.on_ack(t, r, 2, 2.5)
     assert rig.lattice.composition() == {4: 2} and rig.epochs.epoch == 2
+
+
+def test_target_failing_before_commit_delays_the_commit_until_its_restart_acks() -> None:
+    rig = Rig({8: 1}, nodes=1)
+    plan = rig.ctl.manual(ReconfigKind.SPLIT, 0, 0.0, rig.q(0.0))
+    rig.epochs.on_parked(0, 1.0)
+    for r in range(4):
+        rig.epochs.on_ack(1, r, 2, 1.5)
+    g = rig.epochs.fail(2)
+    assert g == WorkerGroup(2, 0, 4, 4) and ("remove", 2) not in rig.cache.calls  # never known to the cache
+    assert rig.epochs.restart(g) == 3
+    for r in range(4, 8):
+        rig.epochs.on_ack(2, r, 2, 1.6)  # the old epoch's acks no longer count
+    assert rig.epochs.current is not None and rig.host.done == []
+    for r in range(4, 8):
+        rig.epochs.on_ack(2, r, 3, 2.0)
+    assert rig.epochs.current is None and rig.host.done[0][0] is plan
+    assert (rig.sched.table.info(1).epoch, rig.sched.table.info(2).epoch, rig.epochs.epoch) == (2, 3, 3)
+    assert rig.sched.state(1) == rig.sched.state(2) == WorkerState.ACTIVE
