@@ -1,2 +1,1 @@
 """Window-based split / merge controller over the grouping lattice, under configuration epochs (DESIGN.md §2)."""
-
