@@ -39,6 +39,7 @@ def test_split_keeps_each_childs_rank_half_and_assigns_prefixes_by_demand() -> N
     assert m.match(Q) == PrefixMatch(3, {11: 3}, {11: 3, 12: 3})  # Q's 3 blocks all lie on LO's ranks
     assert m.cached_blocks(11) == 9 and m.cached_blocks(12) == 4  # physically: P 1-4, 9, 10 + Q | P 5-8
     assert m.free_blocks(11) == 40 - 9
+    m.check_invariants()
 
 
 def test_first_reuse_of_a_pending_prefix_copies_only_the_missing_blocks_from_the_sibling() -> None:
@@ -55,6 +56,7 @@ def test_first_reuse_of_a_pending_prefix_copies_only_the_missing_blocks_from_the
     m.apply_report(CacheReport(11, CacheReportKind.STORED, P[4:], P[3], op.op_id))
     assert m.match(P) == PrefixMatch(10, {11: 10}, {11: 10})
     assert m.stats()["reconciliations_confirmed"] == 1
+    m.check_invariants()
 
 
 def test_a_valid_copy_is_preferred_as_reconciliation_source() -> None:
@@ -63,6 +65,7 @@ def test_a_valid_copy_is_preferred_as_reconciliation_source() -> None:
     op = m.plan_reconcile(Q, 12, m.match(Q))
     assert op is not None
     assert (op.src_worker, op.keys, op.first_missing) == (11, Q, 0)
+    m.check_invariants()
 
 
 def test_no_copy_left_makes_the_pending_part_an_ordinary_miss() -> None:
@@ -73,6 +76,7 @@ def test_no_copy_left_makes_the_pending_part_an_ordinary_miss() -> None:
     assert m.match(P) == PrefixMatch(4, {11: 4}, {11: 4})
     assert m.stats()["reconcile_misses"] == 1
     assert m.cached_blocks(11) == 9  # blocks 9, 10 stay physically cached
+    m.check_invariants()
 
 
 def test_merging_split_siblings_back_restores_valid_prefixes() -> None:
@@ -85,6 +89,7 @@ def test_merging_split_siblings_back_restores_valid_prefixes() -> None:
     assert m.match(P) == PrefixMatch(10, {20: 10}, {20: 10})
     assert m.match(Q) == PrefixMatch(3, {20: 3}, {20: 3})
     assert m.cached_blocks(20) == 13 and m.free_blocks(20) == 80 - 13
+    m.check_invariants()
 
 
 def test_merge_marks_blocks_no_source_has_as_pending() -> None:
@@ -97,6 +102,7 @@ def test_merge_marks_blocks_no_source_has_as_pending() -> None:
     assert m.match(P) == PrefixMatch(10, {20: 4}, {20: 10})
     assert m.plan_reconcile(P, 20, m.match(P)) is None  # nobody has blocks 5-8
     assert m.match(P) == PrefixMatch(4, {20: 4}, {20: 4})
+    m.check_invariants()
 
 
 def test_a_prefix_too_large_for_either_child_is_not_retained() -> None:
@@ -104,6 +110,7 @@ def test_a_prefix_too_large_for_either_child_is_not_retained() -> None:
     m.on_reconfigure(SPLIT)
     assert m.match(P) == PrefixMatch(4, {11: 4}, {11: 4})  # the physically complete head stays valid
     assert m.match(Q) == PrefixMatch(3, {11: 3}, {11: 3})
+    m.check_invariants()
 
 
 def test_malformed_plans_are_rejected_without_changes() -> None:
@@ -116,3 +123,4 @@ def test_malformed_plans_are_rejected_without_changes() -> None:
         m.reconcile_traffic(unknown)
     assert m.worker_ids == [10]
     assert m.match(P).held_blocks == {10: 10}
+    m.check_invariants()

@@ -85,11 +85,13 @@ def test_intra_ranking_destinations_and_sources() -> None:
     ]
     assert m.stats()["intra_ordered"] == 4
     assert m.stats()["inter_ordered"] == 0 and m.stats()["reclamations_ordered"] == 0
+    m.check_invariants()
 
 
 def test_scan_orders_at_most_max_ops_per_list() -> None:
     m = _intra_pool(max_ops=2)
     assert [op.keys for op in m.scan(5.0, QUEUE)] == [(11, 12), (21,)]
+    m.check_invariants()
 
 
 def test_in_flight_copies_are_not_ordered_twice_until_they_fail() -> None:
@@ -103,6 +105,7 @@ def test_in_flight_copies_are_not_ordered_twice_until_they_fail() -> None:
     again = m.scan(15.0, QUEUE)
     assert [(op.op_id, op.keys, op.dst_worker) for op in again] == [(3, (11, 12), 2)]
     assert m.stats()["ops_failed"] == 1
+    m.check_invariants()
 
 
 def test_replica_is_visible_only_after_the_confirming_report() -> None:
@@ -117,6 +120,7 @@ def test_replica_is_visible_only_after_the_confirming_report() -> None:
     assert m.outstanding_ops() == []
     assert m.stats()["replications_confirmed"] == 1
     assert m.workers.by_id[2].reserved == 0
+    m.check_invariants()
 
 
 def test_removing_a_worker_forgets_its_ops() -> None:
@@ -124,9 +128,12 @@ def test_removing_a_worker_forgets_its_ops() -> None:
     m.scan(5.0, QUEUE)
     m.remove_worker(3)  # source of op 3, destination of op 4
     assert [op.op_id for op in m.outstanding_ops()] == [1, 2]
+    m.check_invariants()
 
 
 # -- inter ------------------------------------------------------------------------------------------------------
+
+
 def test_inter_ranking_by_missed_per_copied_block_and_choices() -> None:
     m = _manager(max_ops=2)
     m.add_worker(1, 4, 0, 100)
@@ -184,6 +191,7 @@ def test_reclaim_ranking_and_victims() -> None:
         (2, "RECLAIM", 1, None, (81, 82), 1, False, False),  # w2 pinned → next highest pressure: w1
     ]  # block 81: every holder keeps 82 below it → no victim
     assert m.stats()["reclamations_ordered"] == 2
+    m.check_invariants()
 
 
 def test_unpinned_highest_pressure_holder_is_the_victim() -> None:
@@ -192,6 +200,7 @@ def test_unpinned_highest_pressure_holder_is_the_victim() -> None:
     m.unpin(2, (81, 82), 2)
     ops = m.scan(5.0, {})
     assert [(op.dst_worker, op.keys) for op in ops] == [(4, (91,)), (2, (81, 82))]
+    m.check_invariants()
 
 
 def test_reclaimed_replica_leaves_holders_only_when_deletion_is_confirmed() -> None:
@@ -205,6 +214,7 @@ def test_reclaimed_replica_leaves_holders_only_when_deletion_is_confirmed() -> N
     assert m.cached_blocks(4) == 0
     # A second scan does not order a reclaim already in flight (81, 82 at w2) again.
     assert all(op.keys != (81, 82) or op.dst_worker != 2 for op in m.scan(10.0, {}))
+    m.check_invariants()
 
 
 def test_the_last_valid_copy_is_left_to_the_engines_lru() -> None:
@@ -218,3 +228,4 @@ def test_the_last_valid_copy_is_left_to_the_engines_lru() -> None:
     _stored(m, 2, (7,))
     _place(m, (7,), 1, 4)  # access 1.5 < 2 replicas × 1
     assert [(op.kind, op.dst_worker) for op in m.scan(15.0, {})] == [(CacheOpKind.RECLAIM, 1)]
+    m.check_invariants()

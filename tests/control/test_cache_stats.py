@@ -61,6 +61,7 @@ def test_access_on_reused_path_and_missed_where_the_preferred_degree_has_no_repl
     assert m.node_stats(4)[1][8] == pytest.approx(2 * d4)
     assert m.node_stats(4)[1][4] == 0.0
     assert m.stats()["active_nodes"] == 4
+    m.check_invariants()
 
 
 def test_fully_cached_prompt_caps_the_prefix_so_one_token_is_computed() -> None:
@@ -68,6 +69,7 @@ def test_fully_cached_prompt_caps_the_prefix_so_one_token_is_computed() -> None:
     _place(m, (1, 2, 3, 4), 40, 1, 8)
     assert m.node_stats(3)[1][8] == pytest.approx(_e8(20, 20) - _e8(10, 30))
     assert m.node_stats(4)[1][8] == pytest.approx(_e8(10, 30) - _e8(1, 39))
+    m.check_invariants()
 
 
 def test_a_prefix_that_costs_more_to_read_than_to_compute_counts_no_benefit() -> None:
@@ -78,6 +80,7 @@ def test_a_prefix_that_costs_more_to_read_than_to_compute_counts_no_benefit() ->
     _place(m, (1, 2), 30, 2, 4)  # Δ = (0.001 − 0.01)·10 < 0 per block at CP4
     assert m.node_stats(1)[1] == {4: 0.0, 8: 0.0}
     assert m.node_stats(2)[1] == {4: 0.0, 8: 0.0}
+    m.check_invariants()
 
 
 def test_decay_halves_stats_and_pruning_empties_the_active_set() -> None:
@@ -94,6 +97,7 @@ def test_decay_halves_stats_and_pruning_empties_the_active_set() -> None:
     assert m.node_stats(1) == ({4: 0.0, 8: 0.0}, {4: 0.0, 8: 0.0})
     assert m.stats()["nodes"] == 4  # pruning drops statistics, not cached blocks
     assert m.next_scan_s() == 15.0
+    m.check_invariants()
 
 
 def test_same_stats_with_replication_on_give_ops() -> None:
@@ -107,6 +111,7 @@ def test_same_stats_with_replication_on_give_ops() -> None:
         ("REPLICATE", 3, 1, (1, 2, 3, 4), 0),
         ("RECLAIM", 2, None, (1, 2), 1),
     ]
+    m.check_invariants()
 
 
 def test_record_placement_rejects_unknown_worker_and_degree() -> None:
@@ -116,3 +121,4 @@ def test_record_placement_rejects_unknown_worker_and_degree() -> None:
         m.record_placement(keys, m.match(keys), 20, 9, 4)
     with pytest.raises(ValueError, match="preferred degree 2"):
         m.record_placement(keys, m.match(keys), 20, 1, 2)
+    m.check_invariants()

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from vertumnus.cache.manager import CacheManager
-from vertumnus.cache.trie import ROOT
 from vertumnus.config import CacheConfig
 from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.types import CacheReport, CacheReportKind, PrefixMatch
@@ -31,26 +29,7 @@ def _removed(m: CacheManager, wid: int, keys: tuple[int, ...]) -> None:
 
 
 def _check_invariants(m: CacheManager) -> None:
-    """Holders and holders|pending ancestor-closed, disjoint masks, rc = popcount per degree."""
-    t = m.trie
-    rows = np.array([r for r in t.index.values()], np.int64)
-    if rows.size == 0:
-        return
-    par = t.parent[rows]
-    non_root = par != ROOT
-    h, p, s = t.holders[rows], t.pending[rows], t.present[rows]
-    assert not ((h & ~t.holders[par])[non_root]).any()
-    assert not (((h | p) & ~(t.holders[par] | t.pending[par]))[non_root]).any()
-    assert not (h & p).any() and not (h & s).any()
-    for w in m.workers.by_id.values():
-        has = (t.holders[rows, w.word] & w.bit) != 0
-        assert int(has.sum()) == w.n_valid
-    for dix, c in enumerate(m.degrees):
-        expect = np.zeros(rows.size, np.int64)
-        for w in m.workers.by_id.values():
-            if w.degree == c:
-                expect += (t.holders[rows, w.word] & w.bit) != 0
-        assert (t.rc[rows, dix] == expect).all()
+    m.check_invariants()
 
 
 def test_match_counts_each_workers_leading_valid_blocks() -> None:

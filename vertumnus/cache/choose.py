@@ -19,7 +19,7 @@ import numpy as np
 
 from vertumnus.cache.ops import OpBook
 from vertumnus.cache.scan import Candidate
-from vertumnus.cache.trie import Trie, slot_counts
+from vertumnus.cache.trie import Trie, leading_runs, mask_int
 from vertumnus.cache.workers import WorkerInfo, WorkerTable
 from vertumnus.types import CacheOp, CacheOpKind
 
@@ -40,18 +40,19 @@ def replication(
         return None
     depth = int(trie.depth[row])
     path = trie.path_to(row)
-    held = slot_counts(trie.holders[path])
-    dsts = [w for w in workers.by_id.values() if w.dix == cand.dix and w.available and held[w.slot] < depth]
+    runs = leading_runs(trie.holders[path])
+    held = {w.worker_id: runs.get(w.slot, 0) for w in workers.by_id.values()}
+    dsts = [w for w in workers.by_id.values() if w.dix == cand.dix and w.available and held[w.worker_id] < depth]
     if not dsts:
         return None
 
     def dst_key(w: WorkerInfo) -> tuple[int, int, float, int]:
-        have = int(held[w.slot])
+        have = held[w.worker_id]
         fits = w.free - w.reserved >= depth - have
         return (-have, 0 if fits else 1, queue_s.get(w.worker_id, 0.0), w.worker_id)
 
     dst = min(dsts, key=dst_key)
-    holders = [w for w in workers.in_mask(trie.holders[row]) if w.available and w is not dst]
+    holders = [w for w in workers.in_mask(mask_int(trie.holders[row])) if w.available and w is not dst]
     if not inter:
         holders = [w for w in holders if w.dix == cand.dix]
     if not holders:
@@ -65,7 +66,7 @@ def replication(
         kind=CacheOpKind.REPLICATE,
         dst_worker=dst.worker_id,
         keys=trie.keys_of(path),
-        first_missing=int(held[dst.slot]),
+        first_missing=held[dst.worker_id],
         src_worker=src.worker_id,
         inter_degree=src.degree != dst.degree,
         inter_node=src.node != dst.node,
@@ -78,21 +79,22 @@ def reclamation(trie: Trie, workers: WorkerTable, book: OpBook, cand: Candidate)
     """The RECLAIM op for a candidate (deleting block z only: the victim keeps no descendant of it), or None
     when no holder qualifies."""
     row = cand.row
+    held = mask_int(trie.holders[row])
     key = int(trie.key[row])
-    depth = int(trie.depth[row])
-    holders = workers.in_mask(trie.holders[row])
-    if len(holders) - book.removing_count(key) < 2:
+    if held.bit_count() - book.removing_count(key) < 2:
         return None
-    kids = np.asarray(trie.children(row), np.int64)
-    kid_marks = (trie.holders[kids] | trie.pending[kids]) if kids.size else None
-    victims = sorted(
-        (w for w in holders if w.dix == cand.dix and w.available), key=lambda w: (-w.pressure, w.worker_id)
-    )
-    for w in victims:
+    ok = held & workers.degree_bits[cand.dix] & workers.available_bits
+    if not ok:
+        return None
+    kids = trie.children(row)
+    if kids:  # removing z would break a descendant prefix a holder keeps
+        ok &= ~mask_int(np.bitwise_or.reduce(trie.holders[kids] | trie.pending[kids], axis=0))
+    if not ok:
+        return None
+    depth = int(trie.depth[row])
+    for w in sorted(workers.in_mask(ok), key=lambda w: (-w.pressure, w.worker_id)):
         if book.busy(key, w.worker_id) or w.pinned(key, depth):
             continue
-        if kid_marks is not None and (kid_marks[:, w.word] & w.bit).any():
-            continue  # removing z would break a descendant prefix w keeps
         op = CacheOp(
             op_id=book.new_id(),
             kind=CacheOpKind.RECLAIM,

@@ -15,17 +15,23 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from vertumnus.cache import choose, marks, reconcile, reconfigure, reports
+from vertumnus.cache import choose, invariants, marks, reconcile, reconfigure, reports
 from vertumnus.cache import stats as cstats
 from vertumnus.cache.ops import OpBook
 from vertumnus.cache.scan import Candidate, find
-from vertumnus.cache.trie import Trie, slot_counts
+from vertumnus.cache.trie import Trie, leading_runs
 from vertumnus.cache.workers import WorkerInfo, WorkerTable
 from vertumnus.config import CacheConfig
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.types import CacheOp, CacheOpKind, CacheReport, CacheReportKind, PrefixMatch, ReconfigPlan
 
 _NO_PATH = np.zeros(0, np.int64)
+_COUNTERS = (
+    "inter_ordered", "intra_ordered", "replications_confirmed", "reclamations_ordered", "reclamations_confirmed",
+    "reconciliations_ordered", "reconciliations_confirmed", "reconcile_blocks", "reconcile_misses", "ops_failed",
+    "ignored_reports", "unknown_parent_reports", "unmatched_unpins", "scans", "stats_dropped", "reconfigurations",
+    "pending_blocks_created",
+)  # fmt: skip
 
 
 class CacheManager:
@@ -43,6 +49,7 @@ class CacheManager:
         self.degrees = degs
         self.workers = WorkerTable(degs)
         self.trie = Trie(len(degs))
+        self._recorder = cstats.Recorder(self.trie, cost, cfg.block_tokens)
         self.book = OpBook()
         self.counters: Counter[str] = Counter()
         self.last_scan_s: float | None = None
@@ -109,18 +116,16 @@ class CacheManager:
             return PrefixMatch(0, {}, {})
         path = np.asarray(rows, np.int64)
         held_rows = trie.holders[path]
-        pend_rows = trie.pending[path]
-        held = slot_counts(held_rows)
-        both = slot_counts(held_rows | pend_rows) if pend_rows.any() else held
-        matched = int(both.max())
-        self._last = (keys, trie.version, path[:matched])
         wid = self.workers.slot_wid
-        nz = np.flatnonzero(held)
-        held_d = dict(zip(wid[nz].tolist(), held[nz].tolist(), strict=True))
-        if both is held:
-            return PrefixMatch(matched, held_d, dict(held_d))
-        nz = np.flatnonzero(both)
-        return PrefixMatch(matched, held_d, dict(zip(wid[nz].tolist(), both[nz].tolist(), strict=True)))
+        held = {wid[s]: c for s, c in leading_runs(held_rows).items()}
+        if trie.pending_marks == 0:
+            matched = max(held.values(), default=0)
+            self._last = (keys, trie.version, path[:matched])
+            return PrefixMatch(matched, held, dict(held))
+        both = {wid[s]: c for s, c in leading_runs(held_rows | trie.pending[path]).items()}
+        matched = max(both.values(), default=0)
+        self._last = (keys, trie.version, path[:matched])
+        return PrefixMatch(matched, held, both)
 
     def _path(self, keys: Sequence[int], n: int) -> np.ndarray:
         last_keys, version, path = self._last
@@ -139,40 +144,19 @@ class CacheManager:
             raise ValueError(f"preferred degree {preferred_degree} is not one of {self.degrees}")
         path = self._path(keys, match.matched_blocks)
         reused = min(match.held_blocks.get(worker_id, 0), path.size)
-        cstats.record(
-            self.trie,
-            self.cost,
-            self.cfg.block_tokens,
-            path,
-            path.size,
-            reused,
-            w.dix,
-            preferred_degree,
-            dix_pref,
-            input_len,
-        )
+        self._recorder.record(path, reused, w.dix, preferred_degree, dix_pref, input_len)
 
     def pin(self, worker_id: int, keys: Sequence[int], n_blocks: int) -> None:
         """Mark ``keys[:n_blocks]`` in use at the worker (queued / running request): never reclaimed there."""
-        if n_blocks <= 0:
-            return
-        pins = self._worker(worker_id).pins
-        prefix = tuple(keys[:n_blocks])
-        pins[prefix] = pins.get(prefix, 0) + 1
+        w = self._worker(worker_id)
+        if n_blocks > 0:
+            w.add_pin(tuple(keys[:n_blocks]))
 
     def unpin(self, worker_id: int, keys: Sequence[int], n_blocks: int) -> None:
         """Release one :meth:`pin` of the same prefix (a removed worker's pins are already gone)."""
         w = self.workers.by_id.get(worker_id)
-        if w is None or n_blocks <= 0:
-            return
-        prefix = tuple(keys[:n_blocks])
-        n = w.pins.get(prefix, 0)
-        if n <= 0:
+        if w is not None and n_blocks > 0 and not w.drop_pin(tuple(keys[:n_blocks])):
             self.counters["unmatched_unpins"] += 1
-        elif n == 1:
-            del w.pins[prefix]
-        else:
-            w.pins[prefix] = n - 1
 
     def plan_reconcile(self, keys: Sequence[int], worker_id: int, match: PrefixMatch) -> CacheOp | None:
         """A RECONCILE op when the request placed at ``worker_id`` has pending blocks beyond the worker's valid
@@ -313,28 +297,14 @@ class CacheManager:
             "outstanding_ops": len(self.book),
             "bytes_per_node": self.bytes_per_node(),
         }
-        for k in (
-            "inter_ordered",
-            "intra_ordered",
-            "replications_confirmed",
-            "reclamations_ordered",
-            "reclamations_confirmed",
-            "reconciliations_ordered",
-            "reconciliations_confirmed",
-            "reconcile_blocks",
-            "reconcile_misses",
-            "ops_failed",
-            "ignored_reports",
-            "unknown_parent_reports",
-            "unmatched_unpins",
-            "scans",
-            "stats_dropped",
-            "reconfigurations",
-            "pending_blocks_created",
-        ):
+        for k in _COUNTERS:
             out[k] = self.counters[k]
         out["replications_ordered"] = out["inter_ordered"] + out["intra_ordered"]
         return out
+
+    def check_invariants(self) -> None:
+        """Assert every trie invariant (O(trie size); tests and debugging)."""
+        invariants.check(self.trie, self.workers)
 
     def node_stats(self, key: int) -> tuple[dict[int, float], dict[int, float]]:
         """(access, missed) per degree of the block ``key`` (empty dicts if the trie has no such block)."""

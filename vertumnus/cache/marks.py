@@ -43,6 +43,7 @@ def make_valid(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> n
     if pend.size:
         trie.pending[pend, w.word] &= clear
         w.n_pending -= int(pend.size)
+        trie.pending_marks -= int(pend.size)
     pres = _with_bit(trie.present, new, w)
     if pres.size:
         trie.present[pres, w.word] &= clear
@@ -58,6 +59,7 @@ def make_pending(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) ->
     r = r[((trie.holders[r, w.word] | trie.pending[r, w.word]) & w.bit) == 0]
     trie.pending[r, w.word] |= w.bit
     w.n_pending += int(r.size)
+    trie.pending_marks += int(r.size)
 
 
 def make_present(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> None:
@@ -85,6 +87,7 @@ def drop(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> None:
     if pend.size:
         trie.pending[pend, w.word] &= clear
         w.n_pending -= int(pend.size)
+        trie.pending_marks -= int(pend.size)
     pres = _with_bit(trie.present, r, w)
     if pres.size:
         trie.present[pres, w.word] &= clear
@@ -100,6 +103,7 @@ def drop_pending(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) ->
     if pend.size:
         trie.pending[pend, w.word] &= ~w.bit
         w.n_pending -= int(pend.size)
+        trie.pending_marks -= int(pend.size)
 
 
 def marked_subtree(trie: Trie, w: WorkerInfo, row: int, masks: tuple[np.ndarray, ...]) -> list[int]:

@@ -18,7 +18,7 @@ import numpy as np
 
 from vertumnus.cache import marks
 from vertumnus.cache.ops import OpBook
-from vertumnus.cache.trie import ALL_ONES, Trie
+from vertumnus.cache.trie import ALL_ONES, Trie, int_mask, mask_int
 from vertumnus.cache.workers import WorkerInfo, WorkerTable
 from vertumnus.types import CacheOp, CacheOpKind
 
@@ -54,8 +54,7 @@ def plan(
     if not missing.any():  # physically complete but not yet marked valid: nothing to copy
         marks.make_valid(trie, w, seg)
         return None, 0, False
-    avail = workers.available_mask(trie.words).copy()
-    avail[w.word] &= ~w.bit
+    avail = int_mask(workers.available_bits & ~(1 << w.slot), trie.words)
     can = (trie.holders[seg] | trie.present[seg]) & avail[None, :]
     can[~missing] = ALL_ONES  # rows w already has constrain nothing
     cum = np.bitwise_and.accumulate(can, axis=0)
@@ -67,7 +66,7 @@ def plan(
         if n_ok:
             marks.make_valid(trie, w, seg[:n_ok])
         return None, 0, end < pending
-    srcs = workers.in_mask(cum[n_ok - 1])
+    srcs = workers.in_mask(mask_int(cum[n_ok - 1]))
     last = int(seg[n_ok - 1])
     src = min(
         srcs,

@@ -28,34 +28,37 @@ def marginal_benefit(
     return np.maximum(e[:-1] - e[1:], 0.0)
 
 
-def record(
-    trie: Trie,
-    cost: CostModel,
-    block_tokens: int,
-    path: np.ndarray,
-    matched: int,
-    reused: int,
-    dix_w: int,
-    pref_degree: int,
-    dix_pref: int,
-    input_len: int,
-) -> None:
-    """access[z, C_w] += 1 on the reused path; missed[z, C_pref] += Δ(z) on the matched path where no
-    degree-C_pref worker holds z. ``path`` holds at least ``matched`` rows, root→leaf."""
-    if reused > 0:
-        rows = path[:reused]
-        trie.access[rows, dix_w] += 1.0
+class Recorder:
+    """Per-placement statistics update over one trie (binds the cost model and the block size)."""
+
+    __slots__ = ("block_tokens", "cost", "trie")
+
+    def __init__(self, trie: Trie, cost: CostModel, block_tokens: int) -> None:
+        self.trie = trie
+        self.cost = cost
+        self.block_tokens = block_tokens
+
+    def record(
+        self, path: np.ndarray, reused: int, dix_w: int, pref_degree: int, dix_pref: int, input_len: int
+    ) -> None:
+        """access[z, C_w] += 1 on the first ``reused`` rows of ``path`` (root→leaf, the matched path);
+        missed[z, C_pref] += Δ(z) on the matched rows where no degree-C_pref worker holds z."""
+        trie = self.trie
+        if reused > 0:
+            rows = path[:reused]
+            trie.access[rows, dix_w] += 1.0
+            trie.active.update(rows.tolist())
+        matched = path.size
+        if matched == 0:
+            return
+        # rc is non-increasing along a path (holders are ancestor-closed): rows with rc = 0 form a suffix.
+        k0 = int(np.count_nonzero(trie.rc[path, dix_pref]))
+        if k0 >= matched:
+            return
+        delta = marginal_benefit(self.cost, pref_degree, input_len, k0, matched, self.block_tokens)
+        rows = path[k0:]
+        trie.missed[rows, dix_pref] += delta
         trie.active.update(rows.tolist())
-    if matched <= 0:
-        return
-    # rc is non-increasing along a path (holders are ancestor-closed): rows with rc = 0 form a suffix.
-    k0 = int(np.count_nonzero(trie.rc[path[:matched], dix_pref]))
-    if k0 >= matched:
-        return
-    delta = marginal_benefit(cost, pref_degree, input_len, k0, matched, block_tokens)
-    rows = path[k0:matched]
-    trie.missed[rows, dix_pref] += delta
-    trie.active.update(rows.tolist())
 
 
 def decay(trie: Trie, factor: float, epsilon: float, act: np.ndarray, acc: np.ndarray, mis: np.ndarray) -> int:

@@ -28,15 +28,64 @@ import numpy as np
 ROOT = 0
 NONE = -1
 ALL_ONES = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+# Per-row arrays and the value of a fresh row.
+_FIELDS = (
+    ("key", 0),
+    ("parent", NONE),
+    ("depth", NONE),
+    ("first_child", NONE),
+    ("next_sib", NONE),
+    ("prev_sib", NONE),
+    ("holders", 0),
+    ("pending", 0),
+    ("present", 0),
+    ("rc", 0),
+    ("access", 0),
+    ("missed", 0),
+)
 
 
-def slot_counts(rows: np.ndarray) -> np.ndarray:
-    """Per worker slot, the number of rows of ``rows`` (``(n, words)`` uint64 masks) with that slot's bit set.
+def mask_int(mask: np.ndarray) -> int:
+    """A ``(words,)`` uint64 mask as one Python int (bit s = slot s)."""
+    return int.from_bytes(np.ascontiguousarray(mask, dtype="<u8").tobytes(), "little")
 
-    Along a root→z path of ancestor-closed masks this is where each worker drops out: its leading held blocks.
+
+def int_mask(bits: int, words: int) -> np.ndarray:
+    """Inverse of :func:`mask_int`."""
+    return np.frombuffer(bits.to_bytes(8 * words, "little"), dtype="<u8").astype(np.uint64)
+
+
+def leading_runs(rows: np.ndarray) -> dict[int, int]:
+    """Per worker slot with a non-empty run, the number of leading rows of ``rows`` (``(n, words)`` uint64
+    masks along a root→z path) that have the slot's bit: the blocks each worker holds at the head of the path.
+
+    Masks are ancestor-closed, so a slot's rows form a leading run and each slot leaves it at most once: only
+    rows where the mask changes are looked at — O(n) vector work plus O(changes + slots) Python.
     """
-    bits = np.unpackbits(np.ascontiguousarray(rows, dtype="<u8").view(np.uint8), axis=1, bitorder="little")
-    return bits.sum(axis=0, dtype=np.int64)
+    n = rows.shape[0]
+    if n == 0:
+        return {}
+    if rows.shape[1] == 1:
+        col = rows[:, 0]
+        at = np.flatnonzero(col[1:] != col[:-1])
+        before, after, last = col[at].tolist(), col[at + 1].tolist(), int(col[-1])
+    else:
+        at = np.flatnonzero((rows[1:] != rows[:-1]).any(axis=1))
+        before = [mask_int(rows[i]) for i in at.tolist()]
+        after = [mask_int(rows[i + 1]) for i in at.tolist()]
+        last = mask_int(rows[-1])
+    out: dict[int, int] = {}
+    for i, a, b in zip(at.tolist(), before, after, strict=True):
+        gone = a & ~b  # slots holding exactly rows [0, i]
+        while gone:
+            low = gone & -gone
+            out[low.bit_length() - 1] = i + 1
+            gone ^= low
+    while last:
+        low = last & -last
+        out[low.bit_length() - 1] = n
+        last ^= low
+    return out
 
 
 class Trie:
@@ -57,6 +106,7 @@ class Trie:
         "next_sib",
         "parent",
         "pending",
+        "pending_marks",
         "present",
         "prev_sib",
         "rc",
@@ -85,6 +135,7 @@ class Trie:
         self.size = 1  # rows [0, size) have been handed out at least once
         self.n_nodes = 0  # live nodes, root excluded
         self.version = 0  # bumped whenever rows are created or freed (cached paths become stale)
+        self.pending_marks = 0  # set bits in ``pending`` over all rows (0: matching skips the pending pass)
 
     # -- growth ---------------------------------------------------------------------------------------------
     @property
@@ -98,20 +149,7 @@ class Trie:
     def _grow(self, need: int) -> None:
         cap = self.capacity
         new = max(2 * cap, need)
-        for name, fill in (
-            ("key", 0),
-            ("parent", NONE),
-            ("depth", NONE),
-            ("first_child", NONE),
-            ("next_sib", NONE),
-            ("prev_sib", NONE),
-            ("holders", 0),
-            ("pending", 0),
-            ("present", 0),
-            ("rc", 0),
-            ("access", 0),
-            ("missed", 0),
-        ):
+        for name, fill in _FIELDS:
             old = getattr(self, name)
             arr = np.full((new, *old.shape[1:]), fill, old.dtype)
             arr[:cap] = old
@@ -258,20 +296,4 @@ class Trie:
 
     def nbytes(self) -> int:
         """Bytes held by the node arrays (the key dict not included)."""
-        return sum(
-            getattr(self, n).nbytes
-            for n in (
-                "key",
-                "parent",
-                "depth",
-                "first_child",
-                "next_sib",
-                "prev_sib",
-                "holders",
-                "pending",
-                "present",
-                "rc",
-                "access",
-                "missed",
-            )
-        )
+        return sum(getattr(self, name).nbytes for name, _ in _FIELDS)

@@ -44,6 +44,17 @@ class WorkerInfo:
     def pressure(self) -> float:
         return self.cached / self.capacity
 
+    def add_pin(self, prefix: tuple[int, ...]) -> None:
+        self.pins[prefix] = self.pins.get(prefix, 0) + 1
+
+    def drop_pin(self, prefix: tuple[int, ...]) -> bool:
+        """Release one pin of ``prefix``; False if it was not pinned."""
+        n = self.pins.get(prefix, 0)
+        if n <= 1:
+            return self.pins.pop(prefix, None) is not None
+        self.pins[prefix] = n - 1
+        return True
+
     def pinned(self, key: int, depth: int) -> bool:
         """Whether the prefix ending at the block ``key`` at ``depth`` is part of a prefix in use here."""
         return any(len(p) >= depth and p[depth - 1] == key for p in self.pins)
@@ -53,11 +64,12 @@ class WorkerTable:
     """Slot allocation and lookup."""
 
     __slots__ = (
-        "_avail",
         "_free_slots",
         "_next_slot",
+        "available_bits",
         "by_id",
         "by_slot",
+        "degree_bits",
         "degree_counts",
         "degrees",
         "dix",
@@ -70,10 +82,12 @@ class WorkerTable:
         self.by_id: dict[int, WorkerInfo] = {}
         self.by_slot: dict[int, WorkerInfo] = {}
         self.degree_counts = np.zeros(len(degrees), np.int64)  # live workers per degree index
-        self.slot_wid = np.full(64, -1, np.int64)  # slot -> worker id (-1: free)
+        self.slot_wid: list[int] = []  # slot -> worker id (-1: free)
         self._free_slots: list[int] = []
         self._next_slot = 0
-        self._avail: np.ndarray | None = None  # cached mask of available workers
+        # Masks as Python ints (bit s = slot s): available workers, workers per degree index.
+        self.available_bits = 0
+        self.degree_bits = [0 for _ in degrees]
 
     def add(self, worker_id: int, degree: int, node: int, capacity: int) -> WorkerInfo:
         """Register a worker; raises ValueError for a duplicate id, an unknown degree or a bad capacity."""
@@ -93,11 +107,12 @@ class WorkerTable:
         )
         self.by_id[worker_id] = info
         self.by_slot[slot] = info
-        if slot >= self.slot_wid.size:
-            self.slot_wid = np.concatenate([self.slot_wid, np.full(64, -1, np.int64)])
+        if slot >= len(self.slot_wid):
+            self.slot_wid.append(-1)
         self.slot_wid[slot] = worker_id
         self.degree_counts[info.dix] += 1
-        self._avail = None
+        self.available_bits |= 1 << slot
+        self.degree_bits[info.dix] |= 1 << slot
         return info
 
     def remove(self, info: WorkerInfo) -> None:
@@ -108,7 +123,8 @@ class WorkerTable:
         self.slot_wid[info.slot] = -1
         self.degree_counts[info.dix] -= 1
         heapq.heappush(self._free_slots, info.slot)
-        self._avail = None
+        self.available_bits &= ~(1 << info.slot)
+        self.degree_bits[info.dix] &= ~(1 << info.slot)
 
     @property
     def slots_needed(self) -> int:
@@ -117,26 +133,19 @@ class WorkerTable:
 
     def set_available(self, info: WorkerInfo, available: bool) -> None:
         info.available = available
-        self._avail = None
+        if available:
+            self.available_bits |= 1 << info.slot
+        else:
+            self.available_bits &= ~(1 << info.slot)
 
-    def available_mask(self, words: int) -> np.ndarray:
-        """``(words,)`` uint64 mask of the available workers."""
-        if self._avail is None or self._avail.shape[0] != words:
-            m = np.zeros(words, np.uint64)
-            for w in self.by_id.values():
-                if w.available:
-                    m[w.word] |= w.bit
-            self._avail = m
-        return self._avail
-
-    def in_mask(self, mask: np.ndarray) -> list[WorkerInfo]:
-        """Workers whose bit is set in a ``(words,)`` mask, by slot."""
+    def in_mask(self, bits: int) -> list[WorkerInfo]:
+        """Workers whose slot bit is set in ``bits``, by slot."""
         out = []
-        for word, v in enumerate(mask.tolist()):
-            while v:
-                low = v & -v
-                info = self.by_slot.get(word * 64 + low.bit_length() - 1)
-                if info is not None:
-                    out.append(info)
-                v ^= low
+        by_slot = self.by_slot
+        while bits:
+            low = bits & -bits
+            info = by_slot.get(low.bit_length() - 1)
+            if info is not None:
+                out.append(info)
+            bits ^= low
         return out

@@ -1,0 +1,40 @@
+"""Full consistency check of a cache manager's trie (O(trie size); for tests and debugging, not hot paths)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vertumnus.cache.trie import NONE, ROOT, Trie
+from vertumnus.cache.workers import WorkerTable
+
+
+def check(trie: Trie, workers: WorkerTable) -> None:
+    """Raise AssertionError when an invariant of :mod:`vertumnus.cache.trie` does not hold."""
+    rows = np.fromiter(trie.index.values(), np.int64, len(trie.index))
+    assert rows.size == trie.n_nodes, "index size != live node count"
+    assert (trie.key[rows] == np.fromiter(trie.index.keys(), np.int64, rows.size)).all(), "key array != index"
+    if rows.size == 0:
+        assert trie.pending_marks == 0
+        return
+    par = trie.parent[rows].astype(np.int64)
+    assert (trie.depth[rows] == trie.depth[par] + 1).all(), "depth != parent depth + 1"
+    for r in rows.tolist():  # sibling links: every live row is among its parent's children
+        assert r in trie.children(int(trie.parent[r])), f"row {r} unlinked from its parent"
+    inner = par != ROOT
+    h, p, s = trie.holders[rows], trie.pending[rows], trie.present[rows]
+    hp, pp = trie.holders[par], trie.pending[par]
+    assert not (h & ~hp)[inner].any(), "holders not ancestor-closed"
+    assert not ((h | p) & ~(hp | pp))[inner].any(), "holders|pending not ancestor-closed"
+    assert not (h & p).any() and not (h & s).any(), "holders overlap pending / present"
+    assert trie.pending_marks == sum(int(v).bit_count() for v in p.ravel().tolist()), "pending_marks drifted"
+    rc = np.zeros((rows.size, len(workers.degrees)), np.int64)
+    for w in workers.by_id.values():
+        has = (h[:, w.word] & w.bit) != 0
+        rc[:, w.dix] += has
+        assert int(has.sum()) == w.n_valid, f"worker {w.worker_id}: n_valid drifted"
+        assert int(((p[:, w.word] & w.bit) != 0).sum()) == w.n_pending, f"worker {w.worker_id}: n_pending"
+        assert int(((s[:, w.word] & w.bit) != 0).sum()) == w.n_present, f"worker {w.worker_id}: n_present"
+    assert (trie.rc[rows] == rc).all(), "replica counts drifted"
+    live_stats = rows[(trie.access[rows] != 0).any(axis=1) | (trie.missed[rows] != 0).any(axis=1)]
+    assert set(live_stats.tolist()) <= trie.active, "a row with statistics is missing from the active set"
+    assert all(trie.depth[r] != NONE for r in trie.active), "a freed row is active"
