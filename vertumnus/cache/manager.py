@@ -205,8 +205,10 @@ class CacheManager:
                 reports.removed(trie, w, op.keys[op.first_missing :])
                 self.book.pop(op.op_id, w)
                 self.counters["reclamations_confirmed"] += 1
-        else:
+        elif report.kind == CacheReportKind.CLEARED:
             reports.cleared(trie, w)
+        else:
+            self.counters["ignored_reports"] += 1
 
     def op_failed(self, op_id: int, reason: str) -> CacheOp | None:
         """Forget a failed op (its blocks may be ordered again); returns it, or None if unknown."""

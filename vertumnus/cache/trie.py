@@ -179,11 +179,8 @@ class Trie:
         shorter chain.
         """
         index = self.index
-        n = 0
-        for k in keys:
-            if k in index:
-                break
-            n += 1
+        seen = list(map(index.__contains__, keys))
+        n = seen.index(True) if True in seen else len(keys)
         if n == 0:
             return []
         keys = keys[:n]
