@@ -53,6 +53,7 @@ def plan(
     missing = (trie.present[seg, w.word] & w.bit) == 0
     if not missing.any():  # physically complete but not yet marked valid: nothing to copy
         marks.make_valid(trie, w, seg)
+        marks.promote_below(trie, w, seg.tolist())
         return None, 0, False
     avail = int_mask(workers.available_bits & ~(1 << w.slot), trie.words)
     can = (trie.holders[seg] | trie.present[seg]) & avail[None, :]
@@ -65,6 +66,7 @@ def plan(
     if n_ok == 0 or not missing[:n_ok].any():
         if n_ok:
             marks.make_valid(trie, w, seg[:n_ok])
+            marks.promote_below(trie, w, seg[:n_ok].tolist())
         return None, 0, end < pending
     srcs = workers.in_mask(mask_int(cum[n_ok - 1]))
     last = int(seg[n_ok - 1])
