@@ -18,7 +18,8 @@ import torch.multiprocessing as tmp
 from vertumnus.engines.torch.messages import Command, RankSpec, Shutdown
 from vertumnus.types import WorkerGroup
 
-_PRELOAD = ["torch", "vertumnus.engines.torch.rank_worker"]
+# Imported once by the forkserver; every rank is forked with these already loaded.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "vertumnus.engines.torch.rank_worker"]
 
 
 def _entry(spec: RankSpec, host: str, port: int, generation: int, group: WorkerGroup | None, epoch: int,
@@ -49,7 +50,7 @@ class RankProcesses:
     def __init__(self, start_method: str = "forkserver", host: str = "127.0.0.1") -> None:
         self.ctx: Any = tmp.get_context(start_method)
         if start_method == "forkserver":
-            self.ctx.set_forkserver_preload(_PRELOAD)
+            self.ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
         self.host = host
         self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
         self.port = int(self.store.port)

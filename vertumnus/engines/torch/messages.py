@@ -126,7 +126,7 @@ class Ready:
 @dataclass(slots=True)
 class EpochAck:
     worker_id: int
-    rank: int  # node-local rank (as in WorkerGroup.ranks)
+    rank: int  # global rank (WorkerGroup.global_ranks), as the simulated engine reports it
     epoch: int
 
 

@@ -134,7 +134,7 @@ class RankWorker:
         self.comm = self._comm_for(group)
         self.index = BlockIndex(group.degree, self.spec.capacity_blocks)
         self.blocks = {}
-        return [EpochAck(group.worker_id, self.local_rank, epoch)]
+        return [EpochAck(group.worker_id, self.spec.rank, epoch)]
 
     def _assign_cmd(self, cmd: Assign) -> list[Reply]:
         out = self.assign(cmd.group, cmd.epoch)
@@ -215,7 +215,7 @@ class RankWorker:
         for k in drop.get(new_rank, ()):
             self.blocks.pop(k, None)
         assert set(self.blocks) == {k for k, *_ in self.index.rows() if self.index.owner(k) == new_rank}
-        return [EpochAck(target.worker_id, self.local_rank, cmd.epoch)]
+        return [EpochAck(target.worker_id, self.spec.rank, cmd.epoch)]
 
     def _export(self, cmd: ExportBlocks) -> list[Reply]:
         self._check(cmd.worker_id)
