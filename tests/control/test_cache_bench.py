@@ -32,3 +32,4 @@ def test_figures_report_every_metric() -> None:
     ):
         assert out[key] > 0
     assert sum(k.startswith("scan_ms_active_") for k in out) == 2
+    assert sum(k.startswith("scan_cpu_ms_active_") for k in out) == 2
