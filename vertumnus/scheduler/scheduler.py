@@ -70,6 +70,8 @@ class Scheduler:
         # Chosen once: the default J runs vectorised over the columns; other policies see WorkerViews.
         self._vectorised = type(self.router) is PlacementCostPolicy
         self._slices: list[tuple[int, int, int]] = []  # (degree, lo, hi) row ranges
+        self._ids: list[int] = []
+        self._degs: list[int] = []
         self._max_capacity = 0
         for c in sorted(set(cfg.pool.degrees)):
             cost.predict(c, 1, 0)  # fail at construction, not at the first request, if a degree is missing
@@ -88,6 +90,8 @@ class Scheduler:
         return list(info.tickets.values())
 
     def _reindex(self) -> None:
+        self._ids = [inf.worker_id for inf in self.table.infos]  # row -> id / degree as Python lists
+        self._degs = [inf.degree for inf in self.table.infos]
         deg = self.table.degree
         self._slices = []
         lo = 0
@@ -155,10 +159,13 @@ class Scheduler:
             raise ValueError(f"request {request.request_id!r} is already placed")
         t = self.table
         need = self.blocks_needed(request)
-        eligible = t.active & (t.free_blocks >= need)
-        if not eligible.any():
+        if not self._ids:
             return None
-        c_min = int(t.degree[int(eligible.argmax())])  # rows sorted by degree: first eligible row has C_min
+        eligible = t.active & (t.free_blocks >= need)
+        first_row = int(eligible.argmax())  # rows sorted by degree: the first eligible row has C_min
+        if not eligible[first_row]:
+            return None
+        c_min = self._degs[first_row]
         if self._vectorised:
             ch = self._choose_fast(request.input_len, match, eligible, c_min, now)
         else:
@@ -203,11 +210,11 @@ class Scheduler:
             k = index.get(wid)
             if k is not None and h > 0:
                 qm[k] = np.inf  # evaluated individually below
-                if eligible[k]:
-                    holders.append((k, h))
+                holders.append((k, h))
         predict = self.cost.predict
-        best: tuple[float, int, int] | None = None  # (J, degree, worker id) — the tie rule is the tuple order
-        best_c: _Choice | None = None
+        ids = self._ids
+        # Candidates as (J, degree, worker id, row, held, P, Ê, q): tuple order is the tie rule.
+        best: tuple[float, int, int, int, int, int, float, float] | None = None
         pref: tuple[float, int] | None = None  # (β·Ê + λ-term, degree)
         factors: dict[int, float] = {}
         for c, lo, hi in self._slices:
@@ -217,26 +224,31 @@ class Scheduler:
             if qj == np.inf:
                 continue
             e = predict(c, L, 0)
-            key = (qj + e * f, c, t.infos[j].worker_id)
-            if best is None or key < best:
-                best, best_c = key, _Choice(j, 0, 0, e, qj, 0)
+            cand = (qj + e * f, c, ids[j], j, 0, 0, e, qj)
+            if best is None or cand < best:
+                best = cand
             if pref is None or (e * f, c) < pref:
                 pref = (e * f, c)
-        B = self.block_tokens
-        for k, h in holders:
-            c = t.infos[k].degree
-            f = factors[c]
-            cached = min(h * B, L - 1)
-            e = predict(c, L - cached, cached)
-            qk = float(q[k])
-            key = (qk + e * f, c, t.infos[k].worker_id)
-            if best is None or key < best:
-                best, best_c = key, _Choice(k, h, cached, e, qk, 0)
-            if pref is None or (e * f, c) < pref:
-                pref = (e * f, c)
-        assert best_c is not None and pref is not None
-        best_c.pref_degree = pref[1]
-        return best_c
+        if holders:
+            B = self.block_tokens
+            el = eligible.tolist()
+            ql = q.tolist()
+            degs = self._degs
+            for k, h in holders:
+                if not el[k]:
+                    continue
+                c = degs[k]
+                f = factors[c]
+                cached = min(h * B, L - 1)
+                e = predict(c, L - cached, cached)
+                cand = (ql[k] + e * f, c, ids[k], k, h, cached, e, ql[k])
+                if best is None or cand < best:
+                    best = cand
+                if pref is None or (e * f, c) < pref:
+                    pref = (e * f, c)
+        assert best is not None and pref is not None
+        _, _, _, row, held, cached, est, qk = best
+        return _Choice(row, held, cached, est, qk, pref[1])
 
     def _choose_views(
         self, request: Request, match: PrefixMatch, eligible: np.ndarray, c_min: int, now: float
