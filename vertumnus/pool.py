@@ -115,6 +115,8 @@ class PrefillPool:
     # -- requests -----------------------------------------------------------------------------------------
     def submit(self, request: Request) -> Placement | None:
         """Place now, or hold in the backlog (None); raises RequestRejected if no worker could ever serve it."""
+        if not self.started:
+            raise ValueError("pool not started: call start() first")
         self.scheduler.check_admissible(request)
         rid = request.request_id
         if rid in self.scheduler.tickets or rid in self._waiting:

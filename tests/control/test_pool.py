@@ -179,6 +179,9 @@ def test_cached_prefix_is_pinned_reused_and_reported_once() -> None:
 
 
 def test_rejections_and_duplicates() -> None:
+    cold = PrefillPool(config_from_dict({}), COST, ScriptedPlane(), Clock())
+    with pytest.raises(ValueError, match="pool not started"):
+        cold.submit(req("x", 10))
     rig = Rig("2xCP8", pool={"max_model_len": 50_000})
     rig.ack_all()
     with pytest.raises(RequestRejected) as e:
