@@ -53,7 +53,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         degrees: str | None = typer.Option(None, help="CP degrees, e.g. 1,2,4 (default: pool.degrees)."),
         lengths: str | None = typer.Option(None, help="Prompt lengths L (default: powers of two up to the max)."),
         prefix_ratios: str = typer.Option("0,0.25,0.5,0.75", help="Cached-prefix ratios P/L in [0, 1)."),
-        repeats: int = typer.Option(5, help="Timed repeats per point (the median is kept)."),
+        repeats: int = typer.Option(5, help="Timed repeats per point."),
+        statistic: str = typer.Option("median", help="Per-point statistic of the repeats: median | min."),
+        timing: str = typer.Option("wall", help="torch clock: wall (service time) | cpu (busy shared machines)."),
         warmup: int = typer.Option(1, help="Untimed warm-up passes over the grid per degree."),
         seed: int = typer.Option(0, help="Seed of the pass shuffles (and of the sim engine's noise)."),
         noise: float = typer.Option(0.0, help="sim engine only: multiplicative noise exp(noise·N(0,1))."),
@@ -73,7 +75,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         if out is None:
             raise ValueError("--out is required (e.g. --out configs/profiles/NAME.yaml), or use --show FILE")
         cfg = load_config(config)
-        target = make_target(engine, cfg, noise=noise, seed=seed)
+        target = make_target(engine, cfg, noise=noise, seed=seed, timing=timing)
         max_tokens = min(cfg.pool.max_model_len, target.max_tokens)
         spec = GridSpec(
             degrees=parse_int_list(degrees, "--degrees") if degrees else tuple(cfg.pool.degrees),
@@ -82,6 +84,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             repeats=repeats,
             warmup=warmup,
             seed=seed,
+            statistic=statistic,
         )
         trace_path = _trace_path(cfg, trace)
         opts = ProfileOptions(out, max_mape, force, trace_path, capacity_engine, capacity_requests)
@@ -130,18 +133,21 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         degrees: str = typer.Option("1,2", help="CP degrees."),
         lengths: str = typer.Option("256,512,1024,2048", help="Prompt lengths."),
         repeats: int = typer.Option(5, help="Timed repeats per point."),
+        statistic: str = typer.Option("median", help="Per-point statistic of the repeats: median | min."),
+        timing: str = typer.Option("wall", help="torch clock: wall | cpu."),
     ) -> None:
         """Profile an engine on a small grid (no κ, nothing kept) and print the MAPE per degree and the time."""
         import tempfile
         import time
 
         cfg = load_config(config)
-        target = make_target(engine, cfg)
+        target = make_target(engine, cfg, timing=timing)
         spec = GridSpec(
             degrees=parse_int_list(degrees, "--degrees"),
             lengths=parse_int_list(lengths, "--lengths"),
             prefix_ratios=(0.0, 0.5),
             repeats=repeats,
+            statistic=statistic,
         )
         console = _console()
         with tempfile.TemporaryDirectory() as tmp:

@@ -18,6 +18,7 @@ The flow is a plain function returning a :class:`ProfileRun`; the CLI adds the p
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,7 +96,9 @@ def run_profile(
 
     ``on_capacity(degree)`` is called before each degree's κ measurement (progress reporting).
     """
+    load_before = _loadavg()
     rows = measure_grid(target, spec, on_step)
+    load_after = _loadavg()
     profile, fits = fit_profile(
         [m.sample() for m in rows],
         engine=target.engine,
@@ -115,8 +118,10 @@ def run_profile(
         raise FitRejected(bad, opts.max_mape, run)
     notes = [
         f"grid: degrees {list(spec.degrees)}, lengths {list(spec.lengths)}, prefix ratios "
-        f"{list(spec.prefix_ratios)}; {spec.warmup} warm-up pass(es), median of {spec.repeats} shuffled repeats",
-        f"samples: {csv_path.name}; fit plot: {png_path.name}",
+        f"{list(spec.prefix_ratios)}; {spec.warmup} warm-up pass(es), {spec.statistic} of {spec.repeats} "
+        "shuffled repeats per point",
+        f"samples: {csv_path.name}; fit plot: {png_path.name}; 1-min load average {load_before} before, "
+        f"{load_after} after measuring",
     ]
     if bad:
         notes.append("written with --force despite: " + " | ".join(bad))
@@ -137,6 +142,14 @@ def run_profile(
     profile.save(opts.out)
     run.written.insert(0, opts.out)
     return run
+
+
+def _loadavg() -> str:
+    """The machine's 1-minute load average (a shared machine's noise level, recorded with the profile)."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "unknown"
 
 
 def _max_tokens(cfg: VertumnusConfig, target: ProfilingTarget) -> int:

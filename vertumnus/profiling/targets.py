@@ -102,12 +102,20 @@ class SimTarget:
 
 
 def make_target(
-    engine: str, cfg: VertumnusConfig, noise: float = 0.0, seed: int = 0, profile: CostProfile | None = None
+    engine: str,
+    cfg: VertumnusConfig,
+    noise: float = 0.0,
+    seed: int = 0,
+    profile: CostProfile | None = None,
+    timing: str = "wall",
 ) -> ProfilingTarget:
     """The target for ``engine`` built from ``cfg`` (engine modules are imported only here, lazily).
 
-    ``profile``: the sim engine's planted profile (default: ``cfg.cost_model.profile``).
+    ``profile``: the sim engine's planted profile (default: ``cfg.cost_model.profile``). ``timing``: the torch
+    engine's clock (``wall`` | ``cpu``, see :mod:`vertumnus.profiling.torch_target`).
     """
+    if timing != "wall" and engine != "torch":
+        raise ValueError("--timing cpu applies to the torch engine only")
     if engine == "sim":
         prof = profile or CostProfile.load(cfg.resolve_path(cfg.cost_model.profile))
         return SimTarget(prof, noise=noise, seed=seed, max_tokens=cfg.pool.max_model_len)
@@ -116,7 +124,7 @@ def make_target(
     if engine == "torch":
         from vertumnus.profiling.torch_target import TorchTarget
 
-        return TorchTarget(cfg)
+        return TorchTarget(cfg, seed=seed, timing=timing)
     if engine == "vllm":
         from vertumnus.profiling.vllm_target import VllmTarget
 
