@@ -330,3 +330,29 @@ def test_completion_reported_after_the_commit_is_not_lost() -> None:
     assert rig.pool.snapshot().composition == "2xCP4" and rig.pool.snapshot().inflight == 1
     rig.pool.prefill_done(PrefillResult("a", 0, 0, 0.0, 0.2))
     assert rig.done.requests == [("a", 0, True)] and rig.pool.snapshot().inflight == 0
+
+
+def test_pending_prefix_after_split_is_reconciled_at_first_reuse() -> None:
+    rig = Rig("1xCP8", nodes=1)
+    rig.ack_all()
+    hashes = list(range(8))
+    keys = keys_from_hash_ids(hashes)
+    rig.pool.submit(req("seed", 8 * 512 + 100, hashes))
+    rig.run_next(0, cached_blocks_stored=True)
+    rig.pool.reconfigure(ReconfigKind.SPLIT, 0)
+    rig.pool.worker_parked(0, rig.clock.t)
+    rig.ack(1, 2)
+    rig.ack(2, 2)
+    # block b lived on rank b mod 8: the lower child (ranks 0-3) holds b0-b3 validly, b4-b7 are pending there
+    # (physically on the upper child)
+    m = rig.pool.cache.match(keys)
+    assert (m.held_blocks, m.pending_blocks) == ({1: 4}, {1: 8})
+    p = rig.pool.submit(req("b", 8 * 512 + 100, hashes))
+    assert p is not None and (p.worker_id, p.cached_tokens) == (1, 2048)  # pending blocks are not counted
+    [job] = rig.plane.queues[1]
+    op = job.reconcile
+    assert op is not None and (op.src_worker, op.dst_worker, op.first_missing, op.keys) == (2, 1, 4, keys)
+    assert job.max_reuse_blocks == 8
+    rig.pool.cache_report(CacheReport(1, CacheReportKind.STORED, keys[4:], keys[3], op_id=op.op_id))
+    assert rig.done.ops == [(op.op_id, True)]
+    assert rig.pool.cache.match(keys).held_blocks[1] == 8
