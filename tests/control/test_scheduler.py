@@ -185,3 +185,17 @@ def test_rows_stay_sorted_by_degree_then_id_across_joins_and_leaves() -> None:
     assert s.remove_worker(1) == [s.tickets["a"]]
     assert s.worker_ids() == [2, 7, 0, 5]
     assert s.table.free_blocks.tolist() == [4 * 2048, 4 * 2048, 8 * 2048, 8 * 2048]
+
+
+def test_an_explicit_placement_cost_policy_sets_beta_and_lambda() -> None:
+    from vertumnus.scheduler import PlacementCostPolicy
+
+    base = make(lam=0.1)
+    s = Scheduler(config_from_dict({"scheduler": {"lam": 0.1}}), COST, PlacementCostPolicy(1.0, 0.0))
+    for wid, deg in ((0, 8), (1, 4)):
+        s.add_worker(wid, deg, wid, WorkerState.ACTIVE, 1)
+    p = s.place(req("a", 16384), NO_MATCH, 0.0)  # λ = 0 from the policy: CP8 (see the λ test above)
+    assert p is not None and p.worker_id == 0
+    assert base.lam == 0.1 and s.lam == 0.0
+    with pytest.raises(ValueError, match="beta ≥ 1"):
+        PlacementCostPolicy(0.5, 0.0)

@@ -3,8 +3,10 @@
 One placement, for request i with L tokens and the trie's match:
 
 1. eligible = ACTIVE ∧ L ≤ max_model_len ∧ free KV blocks ≥ ⌈L/B⌉ (a cache miss never excludes);
-2. P_w = min(held_w·B, L − 1), R_w = L − P_w, Ê_w = E_{C_w}(R_w, P_w) (vectorised per degree slice);
-3. J_w = q_w(now) + Ê_w·(β + λ·(C_w − C_min)/C_min); argmin (rows are sorted by (C, id) → tie rule);
+2. P_w = min(held_w·B, L − 1), R_w = L − P_w, Ê_w = E_{C_w}(R_w, P_w) (CostModel.predict);
+3. J_w = q_w(now) + Ê_w·(β + λ·(C_w − C_min)/C_min); argmin, ties to the lower C, then the lower worker id
+   (q_w for all workers is one vector expression; Ê is computed once per degree for the workers holding
+   nothing of the prompt and once per holder — see ``_choose_fast``);
 4. reserve Ê_w in q_w at once (so a concurrent arrival sees it), reserve ⌈L/B⌉ KV blocks;
 5. C_pref = degree of argmin_w Ê_w·(β + λ·(C_w − C_min)/C_min) — J without q — for the cache statistics.
 
@@ -67,8 +69,10 @@ class Scheduler:
         self.table = WorkerTable()
         self.tickets: dict[str, Ticket] = {}
         self.router: RoutingPolicy = router or PlacementCostPolicy(self.beta, self.lam)
-        # Chosen once: the default J runs vectorised over the columns; other policies see WorkerViews.
+        # Chosen once: the default J runs on the columns directly; other policies see WorkerViews.
         self._vectorised = type(self.router) is PlacementCostPolicy
+        if isinstance(self.router, PlacementCostPolicy):  # its β, λ rule placement and C_pref
+            self.beta, self.lam = self.router.beta, self.router.lam
         self._slices: list[tuple[int, int, int]] = []  # (degree, lo, hi) row ranges
         self._ids: list[int] = []
         self._degs: list[int] = []
