@@ -163,14 +163,30 @@ class Trie:
 
     # -- structure ------------------------------------------------------------------------------------------
     def lookup(self, keys: Sequence[int]) -> list[int]:
-        """Rows of the longest leading run of ``keys`` present in the trie (chained keys: a present key's
-        parent is present, so the run is a root path)."""
-        rows = list(map(self.index.get, keys))
-        try:
-            cut = rows.index(None)
-        except ValueError:
-            return rows  # type: ignore[return-value]
-        return rows[:cut]  # type: ignore[return-value]
+        """Rows of the longest leading run of ``keys`` present in the trie.
+
+        Chained keys make presence prefix-closed (a present key's parent is present), so the run's end is
+        found by binary search — O(log n) probes — and only the matched keys are then mapped to rows.
+        """
+        index = self.index
+        n = len(keys)
+        if n == 0:
+            return []
+        if keys[n - 1] in index:
+            m = n
+        else:
+            lo, hi = 0, n - 1  # keys[hi] is absent; find the first absent position
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if keys[mid] in index:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            m = lo
+        rows = list(map(index.get, keys[:m]))
+        if None in rows:  # only for an inconsistent (non-chained) key sequence
+            rows = rows[: rows.index(None)]
+        return rows  # type: ignore[return-value]
 
     def extend(self, parent: int, keys: Sequence[int]) -> list[int]:
         """Create a chain of new nodes for ``keys`` under ``parent``; returns their rows.
