@@ -17,24 +17,45 @@ from vertumnus.types import CacheOp, CacheReport, Placement, PrefillResult, Requ
 TOL = 1e-4
 
 
-def tiny_config(gpus_per_node: int, degrees: Sequence[int], block_tokens: int = 8, capacity: int = 64,
-                **model: Any) -> VertumnusConfig:
+def tiny_config(
+    gpus_per_node: int, degrees: Sequence[int], block_tokens: int = 8, capacity: int = 64, **model: Any
+) -> VertumnusConfig:
     """A CPU pool of one node with a tiny fp32 model (2 layers, GQA 4/2 heads)."""
-    return config_from_dict({
-        "pool": {"nodes": 1, "gpus_per_node": gpus_per_node, "degrees": list(degrees), "engine": "torch",
-                 "kv_capacity_blocks_per_rank": capacity},
-        "cache": {"block_tokens": block_tokens},
-        "model": {"hidden_size": 64, "intermediate_size": 128, "num_heads": 4, "num_kv_heads": 2,
-                  "vocab_size": 256, **model},
-    })
+    return config_from_dict(
+        {
+            "pool": {
+                "nodes": 1,
+                "gpus_per_node": gpus_per_node,
+                "degrees": list(degrees),
+                "engine": "torch",
+                "kv_capacity_blocks_per_rank": capacity,
+            },
+            "cache": {"block_tokens": block_tokens},
+            "model": {
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_heads": 4,
+                "num_kv_heads": 2,
+                "vocab_size": 256,
+                **model,
+            },
+        }
+    )
 
 
 def tokens(n: int, seed: int, vocab: int = 256) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def job(rid: str, toks: list[int], worker_id: int, degree: int, block_tokens: int, max_reuse_blocks: int = 10**6,
-        reconcile: CacheOp | None = None) -> PrefillJob:
+def job(
+    rid: str,
+    toks: list[int],
+    worker_id: int,
+    degree: int,
+    block_tokens: int,
+    max_reuse_blocks: int = 10**6,
+    reconcile: CacheOp | None = None,
+) -> PrefillJob:
     keys = keys_from_tokens(toks, block_tokens)
     req = Request(rid, 0.0, len(toks), keys, token_ids=toks)
     pl = Placement(rid, worker_id, degree, 0, len(toks), 0.0, 0.0, 0.0, degree, 0)

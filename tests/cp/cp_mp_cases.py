@@ -50,8 +50,11 @@ def run_rank(rank: int, port: int, out_q: Any, done: Any) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=4, timeout=timedelta(seconds=120))
     g4 = dist.new_group([0, 1, 2, 3])
     g01, g23 = dist.new_group([0, 1]), dist.new_group([2, 3])
-    comms: dict[int, Comm] = {4: DistComm(g4, rank, 4), 2: DistComm(g01 if rank < 2 else g23, rank % 2, 2),
-                              1: LocalComm()}
+    comms: dict[int, Comm] = {
+        4: DistComm(g4, rank, 4),
+        2: DistComm(g01 if rank < 2 else g23, rank % 2, 2),
+        1: LocalComm(),
+    }
     model = ReferenceModel.from_config(MODEL)
     for impl in ("flash_lse", "mask"):
         attend = chunk_attention(impl, "cpu")
@@ -62,8 +65,11 @@ def run_rank(rank: int, port: int, out_q: Any, done: Any) -> None:
             for c, comm in comms.items():
                 for layout, index in _layouts(c, pblocks).items():
                     keys = list(range(1, pblocks + 1))
-                    blocks = {k: prefix_kv[:, :, :, b * BLOCK:(b + 1) * BLOCK].clone()  # type: ignore[index]
-                              for b, k in enumerate(keys) if index.owner(k) == comm.rank}
+                    blocks = {
+                        k: prefix_kv[:, :, :, b * BLOCK : (b + 1) * BLOCK].clone()  # type: ignore[index]
+                        for b, k in enumerate(keys)
+                        if index.owner(k) == comm.rank
+                    }
                     like = torch.empty(2, 2, 2, BLOCK, 16)
                     prefix = gather_prefix(comm, index, blocks, keys, like)
                     out = cp_prefill(model, comm, ids[p:], prefix, attend)

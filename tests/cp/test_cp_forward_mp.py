@@ -47,7 +47,7 @@ def test_cp_prefill_matches_reference_on_4_ranks() -> None:
     for i, (_total, pblocks) in enumerate(CASES):
         ids = case_tokens(i)
         logits, cache = model.prefill(ids)
-        ref_kv = cache.tensor()[:, :, :, pblocks * BLOCK:]
+        ref_kv = cache.tensor()[:, :, :, pblocks * BLOCK :]
         for impl in ("flash_lse", "mask"):
             for c in (1, 2, 4):
                 layouts = ["canonical", "merged"] if c == 4 and pblocks else ["canonical"]

@@ -19,8 +19,9 @@ from vertumnus.types import CacheOp, CacheOpKind, CacheReportKind, ReconfigKind,
 B = 8  # block tokens
 
 
-def _run(dp: TorchDataPlane, rec: Recorder, rid: str, toks: list[int], wid: int, degree: int,
-         **kw: object) -> tuple[int, torch.Tensor]:
+def _run(
+    dp: TorchDataPlane, rec: Recorder, rid: str, toks: list[int], wid: int, degree: int, **kw: object
+) -> tuple[int, torch.Tensor]:
     dp.submit(wid, job(rid, toks, wid, degree, B, **kw))  # type: ignore[arg-type]
     res = rec.done(rid)
     out = dp.take_output(rid)
@@ -36,8 +37,12 @@ def test_prefix_survives_split_and_merge_with_identical_logits() -> None:
     cfg = tiny_config(4, [2, 4])
     ref = ReferenceModel.from_config(cfg.model)
     rec = Recorder()
-    w4, lo, hi, merged = WorkerGroup(0, 0, 0, 4), WorkerGroup(1, 0, 0, 2), WorkerGroup(2, 0, 2, 2), \
-        WorkerGroup(3, 0, 0, 4)
+    w4, lo, hi, merged = (
+        WorkerGroup(0, 0, 0, 4),
+        WorkerGroup(1, 0, 0, 2),
+        WorkerGroup(2, 0, 2, 2),
+        WorkerGroup(3, 0, 0, 4),
+    )
     p = tokens(60, 1)  # 7 full blocks
     q = p[:56] + tokens(21, 2)  # shares 7 blocks, 9 full blocks
     kq = keys_from_tokens(q, B)
@@ -64,14 +69,16 @@ def test_prefix_survives_split_and_merge_with_identical_logits() -> None:
         rec.wait(lambda: 0 in rec.of("parked"))
         dp.activate(ReconfigPlan(ReconfigKind.SPLIT, (w4,), (lo, hi), 1))
         rec.wait(lambda: _acks(rec, 1) == {(1, 0), (1, 1), (2, 2), (2, 3)})
-        cached, l_lo = _run(dp, rec, "q-lo", q, 1, 2,
-                            reconcile=CacheOp(7, CacheOpKind.RECONCILE, 1, kq, 2, src_worker=2))
+        cached, l_lo = _run(
+            dp, rec, "q-lo", q, 1, 2, reconcile=CacheOp(7, CacheOpKind.RECONCILE, 1, kq, 2, src_worker=2)
+        )
         assert cached == 72  # all 9 blocks: the missing 2, 3, 6, 7 came from the sibling
         assert (7 in {r.op_id for r in rec.reports(1)}) and not rec.of("op_failed")
         confirm = next(r for r in rec.reports(1) if r.op_id == 7)
         assert (confirm.kind, confirm.keys, confirm.parent) == (CacheReportKind.STORED, kq[2:], kq[1])
-        cached, l_hi = _run(dp, rec, "q-hi", q, 2, 2,
-                            reconcile=CacheOp(8, CacheOpKind.RECONCILE, 2, kq, 0, src_worker=1))
+        cached, l_hi = _run(
+            dp, rec, "q-hi", q, 2, 2, reconcile=CacheOp(8, CacheOpKind.RECONCILE, 2, kq, 0, src_worker=1)
+        )
         assert cached == 72
         assert (l_lo - l4).abs().max().item() <= 1e-5 and (l_hi - l4).abs().max().item() <= 1e-5
 
@@ -142,8 +149,9 @@ def test_cache_ops_replicate_across_degrees_reclaim_and_fail_cleanly() -> None:
     want = ref.prefill(p2)[0]
 
     def confirmed(op_id: int) -> list:
-        rec.wait(lambda: any(r.op_id == op_id for r in rec.of("report")) or
-                 any(o == op_id for o, _ in rec.of("op_failed")))
+        rec.wait(
+            lambda: any(r.op_id == op_id for r in rec.of("report")) or any(o == op_id for o, _ in rec.of("op_failed"))
+        )
         return [r for r in rec.of("report") if r.op_id == op_id]
 
     with TorchDataPlane(cfg) as dp:

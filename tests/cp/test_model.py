@@ -47,19 +47,27 @@ def test_decode_continues_from_an_exported_kv(model: ReferenceModel) -> None:
     logits, cache = model.prefill(ids)
     again = model.decode(KVCache.from_tensor(cache.tensor().clone(), model.dims), logits, 6)
     assert again == expected and len(expected) == 6
-    sampled = model.decode(KVCache.from_tensor(cache.tensor().clone(), model.dims), logits, 6, temperature=1.0,
-                           seed=7)
-    assert sampled == model.decode(KVCache.from_tensor(cache.tensor().clone(), model.dims), logits, 6,
-                                   temperature=1.0, seed=7)
+    sampled = model.decode(KVCache.from_tensor(cache.tensor().clone(), model.dims), logits, 6, temperature=1.0, seed=7)
+    assert sampled == model.decode(
+        KVCache.from_tensor(cache.tensor().clone(), model.dims), logits, 6, temperature=1.0, seed=7
+    )
     assert model.decode(KVCache.from_tensor(cache.tensor(), model.dims), logits, 6, stop_ids=[expected[0]]) == [
-        expected[0]]
+        expected[0]
+    ]
 
 
 def test_loads_a_transformers_save_pretrained_directory(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=120, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, rope_theta=500.0,
-                                   tie_word_embeddings=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=120,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=500.0,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     hf = transformers.LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # O(1) activations so a wrong name mapping or RoPE convention shows in the logits
@@ -79,8 +87,13 @@ def test_loads_a_transformers_save_pretrained_directory(tmp_path: Path) -> None:
 
 
 def test_rejects_unsupported_checkpoints(tmp_path: Path) -> None:
-    base = {"vocab_size": 10, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
-            "num_attention_heads": 2}
+    base = {
+        "vocab_size": 10,
+        "hidden_size": 8,
+        "intermediate_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+    }
     with pytest.raises(ValueError, match="rope type 'llama3'"):
         dims_from_hf_config({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
     with pytest.raises(ValueError, match=r"no config\.json"):

@@ -126,8 +126,7 @@ class BlockIndex:
             stack.extend(self._children.get(k, ()))
         return out
 
-    def add_path(self, keys: Sequence[int], first: int, only: set[int] | None = None
-                 ) -> tuple[list[int], list[int]]:
+    def add_path(self, keys: Sequence[int], first: int, only: set[int] | None = None) -> tuple[list[int], list[int]]:
         """Insert the absent blocks among ``keys[first:]`` (a prefix path), evicting LRU blocks as needed.
 
         Block ``keys[i]`` goes to its canonical rank ``i mod C``. With ``only``, keys outside it are skipped
@@ -170,8 +169,9 @@ class BlockIndex:
         return BlockIndex.from_rows(rows, degree, self.capacity)
 
     @staticmethod
-    def merge(parts: Sequence[tuple[int, list[BlockRow]]], degree: int, capacity: int
-              ) -> tuple[BlockIndex, dict[int, list[int]]]:
+    def merge(
+        parts: Sequence[tuple[int, list[BlockRow]]], degree: int, capacity: int
+    ) -> tuple[BlockIndex, dict[int, list[int]]]:
         """Union of sources' rows (``(rank offset, rows)`` each) into one degree-``degree`` index.
 
         A key held by several sources keeps one copy: the one on its canonical rank (depth mod C) if any, else

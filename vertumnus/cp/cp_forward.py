@@ -33,8 +33,9 @@ class CPPrefillOutput:
 
 
 @torch.inference_mode()
-def cp_prefill(model: ReferenceModel, comm: Comm, token_ids: torch.Tensor, prefix_kv: torch.Tensor | None,
-               attend: ChunkAttention) -> CPPrefillOutput:
+def cp_prefill(
+    model: ReferenceModel, comm: Comm, token_ids: torch.Tensor, prefix_kv: torch.Tensor | None, attend: ChunkAttention
+) -> CPPrefillOutput:
     """Zigzag CP forward of the uncached ``token_ids`` [n] after ``prefix_kv`` ([layers, 2, Hkv, P, D] or None).
 
     Collective: every rank of ``comm`` must call it with equal arguments (except nothing rank-specific).
@@ -58,8 +59,10 @@ def cp_prefill(model: ReferenceModel, comm: Comm, token_ids: torch.Tensor, prefi
         layers_kv.append(seq)
         kv_all = seq if prefix_kv is None else torch.cat([prefix_kv[i].to(seq.dtype), seq], dim=2)
         out = torch.cat(
-            [attend(q[:, a * s : (a + 1) * s], kv_all[0, :, :end], kv_all[1, :, :end])
-             for a, end in enumerate(chunk_ends)],
+            [
+                attend(q[:, a * s : (a + 1) * s], kv_all[0, :, :end], kv_all[1, :, :end])
+                for a, end in enumerate(chunk_ends)
+            ],
             dim=1,
         )
         x = model.finish_layer(i, x, out)
@@ -70,8 +73,9 @@ def cp_prefill(model: ReferenceModel, comm: Comm, token_ids: torch.Tensor, prefi
 
 
 @torch.inference_mode()
-def gather_prefix(comm: Comm, index: BlockIndex, blocks: dict[int, torch.Tensor], keys: list[int],
-                  like: torch.Tensor) -> torch.Tensor | None:
+def gather_prefix(
+    comm: Comm, index: BlockIndex, blocks: dict[int, torch.Tensor], keys: list[int], like: torch.Tensor
+) -> torch.Tensor | None:
     """The worker's cached blocks ``keys`` (a leading path) as [layers, 2, Hkv, len(keys)·B, D] on every rank.
 
     Each rank contributes the blocks it owns (``blocks``: its local tensors [layers, 2, Hkv, B, D]); one

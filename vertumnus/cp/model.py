@@ -18,13 +18,16 @@ KV layout everywhere: per layer K and V as ``[Hkv, T, D]``; a whole sequence as 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from vertumnus.config import ModelConfig
 from vertumnus.cp.attention import reference_attention
 from vertumnus.cp.weights import LlamaWeights, ModelDims, load_weights
+
+if TYPE_CHECKING:
+    from vertumnus.config import ModelConfig
 
 
 class KVCache:
@@ -55,7 +58,8 @@ class KVCache:
         if need > self._buf.shape[3]:
             grown = torch.empty(
                 (*self._buf.shape[:3], max(need, 2 * self._buf.shape[3]), self._buf.shape[4]),
-                dtype=self._buf.dtype, device=self._buf.device,
+                dtype=self._buf.dtype,
+                device=self._buf.device,
             )
             grown[:, :, :, : self.length] = self._buf[:, :, :, : self.length]
             self._buf = grown
@@ -110,8 +114,9 @@ class ReferenceModel:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
-    def qkv(self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(
+        self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q [H, T, D], K, V [Hkv, T, D] of hidden states ``x`` [T, hidden], RoPE applied at their positions."""
         lw = self.w.layers[layer]
         dm = self.dims
@@ -136,8 +141,7 @@ class ReferenceModel:
 
     # -- single-process forward ---------------------------------------------------------------------------
 
-    def forward(self, token_ids: torch.Tensor | Sequence[int], cache: KVCache, last_only: bool = False
-                ) -> torch.Tensor:
+    def forward(self, token_ids: torch.Tensor | Sequence[int], cache: KVCache, last_only: bool = False) -> torch.Tensor:
         """Run ``token_ids`` after the ``cache.length`` tokens already in ``cache`` (appending their KV).
 
         Returns logits [T, V] (or [1, V] with ``last_only``).
@@ -153,8 +157,9 @@ class ReferenceModel:
         cache.advance(ids.numel())
         return self.logits(x[-1:] if last_only else x)
 
-    def prefill(self, token_ids: torch.Tensor | Sequence[int], cache: KVCache | None = None
-                ) -> tuple[torch.Tensor, KVCache]:
+    def prefill(
+        self, token_ids: torch.Tensor | Sequence[int], cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, KVCache]:
         """Last-token logits [V] and the KV cache of a prompt (continuing ``cache`` when given)."""
         ids = torch.as_tensor(token_ids, dtype=torch.long)
         if ids.numel() == 0:
@@ -162,8 +167,16 @@ class ReferenceModel:
         cache = cache or KVCache(self.dims, self.device, capacity=ids.numel() + 64)
         return self.forward(ids, cache, last_only=True)[0], cache
 
-    def decode(self, cache: KVCache, logits: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
-               seed: int = 0, stop_ids: Sequence[int] = ()) -> list[int]:
+    def decode(
+        self,
+        cache: KVCache,
+        logits: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        seed: int = 0,
+        stop_ids: Sequence[int] = (),
+    ) -> list[int]:
         """Generate up to ``max_new_tokens`` tokens after a prefill (``logits``: its last-token logits).
 
         Greedy at ``temperature`` 0, else sampling from softmax(logits / temperature) with a seeded generator.

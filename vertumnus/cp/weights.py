@@ -19,11 +19,12 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vertumnus.config import ModelConfig
+if TYPE_CHECKING:  # runtime needs only torch (benchmarks/gpu_check.py runs without the config stack)
+    from vertumnus.config import ModelConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -103,8 +104,18 @@ class LlamaWeights:
 
         layers = [
             LayerWeights(
-                mv(lw.attn_norm), mv(lw.wq), mv(lw.wk), mv(lw.wv), mv(lw.wo), mv(lw.mlp_norm),
-                mv(lw.w_gate), mv(lw.w_up), mv(lw.w_down), mv_opt(lw.bq), mv_opt(lw.bk), mv_opt(lw.bv),
+                mv(lw.attn_norm),
+                mv(lw.wq),
+                mv(lw.wk),
+                mv(lw.wv),
+                mv(lw.wo),
+                mv(lw.mlp_norm),
+                mv(lw.w_gate),
+                mv(lw.w_up),
+                mv(lw.w_down),
+                mv_opt(lw.bq),
+                mv_opt(lw.bk),
+                mv_opt(lw.bv),
                 mv_opt(lw.bo),
             )
             for lw in self.layers
@@ -115,30 +126,41 @@ class LlamaWeights:
         return LlamaWeights(dims, mv(self.embed), layers, mv(self.norm), mv(self.lm_head))
 
 
-def random_weights(dims: ModelDims, seed: int) -> LlamaWeights:
-    """Deterministic random weights (same seed → same tensors in every process).
+def random_weights(dims: ModelDims, seed: int, device: torch.device | str = "cpu") -> LlamaWeights:
+    """Deterministic random weights (same seed and device type → same tensors in every process).
 
     Linear layers are N(0, 1/fan_in) so activations stay O(1) and attention is not uniform — a masking or
-    ordering error then shows up in the logits, which is what the correctness tests rely on.
+    ordering error then shows up in the logits, which is what the correctness tests rely on. ``device``: where
+    to draw them (large models on a GPU; the values differ from a CPU draw).
     """
-    g = torch.Generator().manual_seed(seed)
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)
     h, d, hq, hk, f = dims.hidden_size, dims.head_dim, dims.num_heads, dims.num_kv_heads, dims.intermediate_size
 
+    dt = dims.torch_dtype
+
     def lin(out_f: int, in_f: int) -> torch.Tensor:
-        return torch.randn(out_f, in_f, generator=g) / math.sqrt(in_f)
+        return (torch.randn(out_f, in_f, generator=g, device=dev) / math.sqrt(in_f)).to(dt)
 
     def norm_w(n: int) -> torch.Tensor:
-        return 1.0 + 0.1 * torch.randn(n, generator=g)
+        return (1.0 + 0.1 * torch.randn(n, generator=g, device=dev)).to(dt)
 
     layers = [
         LayerWeights(
-            attn_norm=norm_w(h), wq=lin(hq * d, h), wk=lin(hk * d, h), wv=lin(hk * d, h), wo=lin(h, hq * d),
-            mlp_norm=norm_w(h), w_gate=lin(f, h), w_up=lin(f, h), w_down=lin(h, f),
+            attn_norm=norm_w(h),
+            wq=lin(hq * d, h),
+            wk=lin(hk * d, h),
+            wv=lin(hk * d, h),
+            wo=lin(h, hq * d),
+            mlp_norm=norm_w(h),
+            w_gate=lin(f, h),
+            w_up=lin(f, h),
+            w_down=lin(h, f),
         )
         for _ in range(dims.num_layers)
     ]
-    w = LlamaWeights(dims, torch.randn(dims.vocab_size, h, generator=g), layers, norm_w(h), lin(dims.vocab_size, h))
-    return w.to("cpu", dims.torch_dtype)
+    embed = torch.randn(dims.vocab_size, h, generator=g, device=dev).to(dt)
+    return LlamaWeights(dims, embed, layers, norm_w(h), lin(dims.vocab_size, h))
 
 
 def dims_from_hf_config(config: dict[str, Any], dtype: str | None = None) -> ModelDims:
@@ -199,16 +221,23 @@ def load_hf_weights(path: str | Path, dtype: str | None = None) -> LlamaWeights:
     layers = []
     for i in range(dims.num_layers):
         p = f"model.layers.{i}."
-        layers.append(LayerWeights(
-            attn_norm=req(p + "input_layernorm.weight"),
-            wq=req(p + "self_attn.q_proj.weight"), wk=req(p + "self_attn.k_proj.weight"),
-            wv=req(p + "self_attn.v_proj.weight"), wo=req(p + "self_attn.o_proj.weight"),
-            mlp_norm=req(p + "post_attention_layernorm.weight"),
-            w_gate=req(p + "mlp.gate_proj.weight"), w_up=req(p + "mlp.up_proj.weight"),
-            w_down=req(p + "mlp.down_proj.weight"),
-            bq=take(p + "self_attn.q_proj.bias", False), bk=take(p + "self_attn.k_proj.bias", False),
-            bv=take(p + "self_attn.v_proj.bias", False), bo=take(p + "self_attn.o_proj.bias", False),
-        ))
+        layers.append(
+            LayerWeights(
+                attn_norm=req(p + "input_layernorm.weight"),
+                wq=req(p + "self_attn.q_proj.weight"),
+                wk=req(p + "self_attn.k_proj.weight"),
+                wv=req(p + "self_attn.v_proj.weight"),
+                wo=req(p + "self_attn.o_proj.weight"),
+                mlp_norm=req(p + "post_attention_layernorm.weight"),
+                w_gate=req(p + "mlp.gate_proj.weight"),
+                w_up=req(p + "mlp.up_proj.weight"),
+                w_down=req(p + "mlp.down_proj.weight"),
+                bq=take(p + "self_attn.q_proj.bias", False),
+                bk=take(p + "self_attn.k_proj.bias", False),
+                bv=take(p + "self_attn.v_proj.bias", False),
+                bo=take(p + "self_attn.o_proj.bias", False),
+            )
+        )
     embed = req("model.embed_tokens.weight")
     lm_head = take("lm_head.weight", False)
     if lm_head is None:  # tie_word_embeddings

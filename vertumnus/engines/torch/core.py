@@ -30,8 +30,16 @@ Callback = Callable[[], None]
 class DataPlaneCore:
     """State and driver-thread machinery shared by the public API."""
 
-    def __init__(self, cfg: VertumnusConfig, clock: Callable[[], float], return_kv: bool, keep_outputs: int,
-                 spec: dict[str, object], start_method: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        cfg: VertumnusConfig,
+        clock: Callable[[], float],
+        return_kv: bool,
+        keep_outputs: int,
+        spec: dict[str, object],
+        start_method: str,
+        timeout_s: float,
+    ) -> None:
         self.cfg = cfg
         self.clock = clock
         self.return_kv = return_kv
@@ -67,8 +75,12 @@ class DataPlaneCore:
         pool = self.cfg.pool
         seen: set[int] = set()
         for g in groups:
-            if (g.degree not in pool.degrees or g.first_rank % g.degree or not 0 <= g.node < pool.nodes
-                    or g.first_rank + g.degree > pool.gpus_per_node):
+            if (
+                g.degree not in pool.degrees
+                or g.first_rank % g.degree
+                or not 0 <= g.node < pool.nodes
+                or g.first_rank + g.degree > pool.gpus_per_node
+            ):
                 raise ValueError(f"{g} is not an aligned block of an allowed degree {pool.degrees}")
             ranks = {self._global(g, r) for r in g.ranks}
             if ranks & seen:
@@ -132,8 +144,9 @@ class DataPlaneCore:
         toks = list(req.token_ids or ())
         n_full = len(toks) // self.block_tokens
         keys = req.block_keys if len(req.block_keys) == n_full else keys_from_tokens(toks, self.block_tokens)
-        self._to_worker(slot, m.RunPrefill(slot.worker_id, req.request_id, toks, tuple(keys),
-                                           job.max_reuse_blocks, self.return_kv))
+        self._to_worker(
+            slot, m.RunPrefill(slot.worker_id, req.request_id, toks, tuple(keys), job.max_reuse_blocks, self.return_kv)
+        )
 
     def _start_copy(self, op: CacheOp, job: PrefillJob | None) -> None:
         src = self._workers.get(op.src_worker) if op.src_worker is not None else None
@@ -143,7 +156,7 @@ class DataPlaneCore:
                 self._send_prefill(self._workers[op.dst_worker], job)
             return
         self._copies[op.op_id] = Copy(op, src.worker_id, op.dst_worker, src.group.degree, job)
-        self._to_worker(src, m.ExportBlocks(op.op_id, src.worker_id, tuple(op.keys[op.first_missing:])))
+        self._to_worker(src, m.ExportBlocks(op.op_id, src.worker_id, tuple(op.keys[op.first_missing :])))
 
     # -- replies -------------------------------------------------------------------------------------------
 
@@ -197,8 +210,9 @@ class DataPlaneCore:
         done = [r for r in run.replies.values() if isinstance(r, m.PrefillDone)]
         lead = next(r for r in done if r.rank == 0)
         logits = next(r.logits for r in done if r.logits is not None)
-        self._outputs[msg.request_id] = PrefillOutput(msg.request_id, slot.worker_id, lead.cached_tokens, logits,
-                                                      lead.kv, max(r.compute_s for r in done))
+        self._outputs[msg.request_id] = PrefillOutput(
+            msg.request_id, slot.worker_id, lead.cached_tokens, logits, lead.kv, max(r.compute_s for r in done)
+        )
         while len(self._outputs) > self.keep_outputs:
             self._outputs.popitem(last=False)
         self._emit_reports(lead.reports)
@@ -223,8 +237,10 @@ class DataPlaneCore:
         op = copy.op
         available = tuple(k for keys, _ in copy.exported.values() for k in keys)
         for r, (keys, blocks) in zip(dst.group.ranks, partition_blocks(copy, dst.group.degree), strict=True):
-            self._send(self._global(dst.group, r), m.ImportBlocks(op.op_id, dst.worker_id, tuple(op.keys),
-                                                                  op.first_missing, available, keys, blocks))
+            self._send(
+                self._global(dst.group, r),
+                m.ImportBlocks(op.op_id, dst.worker_id, tuple(op.keys), op.first_missing, available, keys, blocks),
+            )
         if copy.job is not None:
             self._send_prefill(dst, copy.job)
 

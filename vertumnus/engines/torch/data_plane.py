@@ -40,15 +40,31 @@ class TorchDataPlane(DataPlaneCore):
     KV) of the last ``keep_outputs`` prefills are kept until :meth:`take_output`.
     """
 
-    def __init__(self, cfg: VertumnusConfig, *, clock: Callable[[], float] = time.monotonic,
-                 return_kv: bool = False, keep_outputs: int = 1024, device: str = "cpu",
-                 attn_impl: str = "auto", threads_per_rank: int = 1, start_method: str = "forkserver",
-                 timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        cfg: VertumnusConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        return_kv: bool = False,
+        keep_outputs: int = 1024,
+        device: str = "cpu",
+        attn_impl: str = "auto",
+        threads_per_rank: int = 1,
+        start_method: str = "forkserver",
+        timeout_s: float = 300.0,
+    ) -> None:
         pool = cfg.pool
         spec: dict[str, object] = dict(
-            world_size=pool.total_gpus, gpus_per_node=pool.gpus_per_node, degrees=tuple(pool.degrees),
-            model=cfg.model, block_tokens=cfg.cache.block_tokens, capacity_blocks=pool.kv_capacity_blocks_per_rank,
-            device=device, attn_impl=attn_impl, threads=threads_per_rank, timeout_s=timeout_s,
+            world_size=pool.total_gpus,
+            gpus_per_node=pool.gpus_per_node,
+            degrees=tuple(pool.degrees),
+            model=cfg.model,
+            block_tokens=cfg.cache.block_tokens,
+            capacity_blocks=pool.kv_capacity_blocks_per_rank,
+            device=device,
+            attn_impl=attn_impl,
+            threads=threads_per_rank,
+            timeout_s=timeout_s,
         )
         super().__init__(cfg, clock, return_kv, keep_outputs, spec, start_method, timeout_s)
 
@@ -69,7 +85,8 @@ class TorchDataPlane(DataPlaneCore):
         self._thread.start()
         with self._ready_cv:
             ok = self._ready_cv.wait_for(
-                lambda: len(self._ready) == self.world_size or self._failed_start is not None, self._timeout_s)
+                lambda: len(self._ready) == self.world_size or self._failed_start is not None, self._timeout_s
+            )
         if self._failed_start is not None or not ok:
             reason = self._failed_start or f"ranks not ready after {self._timeout_s:.0f} s"
             self.close()
@@ -80,8 +97,10 @@ class TorchDataPlane(DataPlaneCore):
         if req.token_ids is None:
             raise ValueError(f"request {req.request_id}: the torch engine needs token_ids")
         if not 1 <= len(req.token_ids) <= self.cfg.pool.max_model_len:
-            raise ValueError(f"request {req.request_id}: {len(req.token_ids)} tokens outside "
-                             f"[1, max_model_len={self.cfg.pool.max_model_len}]")
+            raise ValueError(
+                f"request {req.request_id}: {len(req.token_ids)} tokens outside "
+                f"[1, max_model_len={self.cfg.pool.max_model_len}]"
+            )
         with self._lock:
             slot = self._slot(worker_id)
             slot.queue.append(job)
@@ -133,7 +152,7 @@ class TorchDataPlane(DataPlaneCore):
             if dst is None or not dst.usable:
                 self._emit_op_failed(op.op_id, f"destination worker {op.dst_worker} unavailable")
             elif op.kind == CacheOpKind.RECLAIM:
-                self._to_worker(dst, m.RemoveBlocks(op.op_id, dst.worker_id, tuple(op.keys[op.first_missing:])))
+                self._to_worker(dst, m.RemoveBlocks(op.op_id, dst.worker_id, tuple(op.keys[op.first_missing :])))
             else:
                 self._start_copy(op, None)
 
@@ -196,4 +215,3 @@ class TorchDataPlane(DataPlaneCore):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

@@ -22,8 +22,17 @@ from vertumnus.types import WorkerGroup
 FORKSERVER_PRELOAD = ["torch", "torch.distributed", "vertumnus.engines.torch.rank_worker"]
 
 
-def _entry(spec: RankSpec, host: str, port: int, generation: int, group: WorkerGroup | None, epoch: int,
-           cmd_q: Any, reply_q: Any, driver_pid: int) -> None:
+def _entry(
+    spec: RankSpec,
+    host: str,
+    port: int,
+    generation: int,
+    group: WorkerGroup | None,
+    epoch: int,
+    cmd_q: Any,
+    reply_q: Any,
+    driver_pid: int,
+) -> None:
     from vertumnus.engines.torch.rank_worker import rank_main
 
     _exit_with_driver(driver_pid)
@@ -64,7 +73,9 @@ class RankProcesses:
         assert old is None or not old.is_alive(), f"rank {spec.rank} is still running"
         q = self.ctx.Queue()
         p = self.ctx.Process(
-            target=_entry, name=f"vertumnus-rank{spec.rank}", daemon=True,
+            target=_entry,
+            name=f"vertumnus-rank{spec.rank}",
+            daemon=True,
             args=(spec, self.host, self.port, generation, group, epoch, q, self.replies, os.getpid()),
         )
         p.start()

@@ -32,28 +32,7 @@ from vertumnus.cp.comm import Comm, DistComm, LocalComm
 from vertumnus.cp.cp_forward import cp_prefill, gather_prefix
 from vertumnus.cp.model import ReferenceModel
 from vertumnus.cp.weights import load_weights
-from vertumnus.engines.torch.messages import (
-    Activate,
-    Assign,
-    Command,
-    EpochAck,
-    ExportBlocks,
-    Exported,
-    ImportBlocks,
-    OpDone,
-    Park,
-    Parked,
-    PrefillDone,
-    RankFailed,
-    RankSpec,
-    Ready,
-    Regroup,
-    RemoveBlocks,
-    Reply,
-    Reports,
-    RunPrefill,
-    Shutdown,
-)
+from vertumnus.engines.torch import messages as m
 from vertumnus.types import CacheReport, CacheReportKind, WorkerGroup
 
 GroupKey = tuple[int, int, int]  # (node, first node-local rank, degree)
@@ -62,7 +41,7 @@ GroupKey = tuple[int, int, int]  # (node, first node-local rank, degree)
 class RankWorker:
     """State and step function of one rank (see module docstring)."""
 
-    def __init__(self, spec: RankSpec) -> None:
+    def __init__(self, spec: m.RankSpec) -> None:
         self.spec = spec
         if spec.device == "cpu":
             torch.set_num_threads(spec.threads)
@@ -74,8 +53,11 @@ class RankWorker:
         self.model = ReferenceModel(load_weights(spec.model), self.device)
         self.attend = chunk_attention(spec.attn_impl, self.device)
         dm = self.model.dims
-        self._block_like = torch.empty((dm.num_layers, 2, dm.num_kv_heads, spec.block_tokens, dm.head_dim),
-                                       dtype=dm.torch_dtype, device=self.device)
+        self._block_like = torch.empty(
+            (dm.num_layers, 2, dm.num_kv_heads, spec.block_tokens, dm.head_dim),
+            dtype=dm.torch_dtype,
+            device=self.device,
+        )
         self.generation = -1
         self._store_addr = ("127.0.0.1", 0)
         self.groups: dict[GroupKey, dist.ProcessGroup] = {}
@@ -85,9 +67,14 @@ class RankWorker:
         self.index = BlockIndex(1, spec.capacity_blocks)
         self.blocks: dict[int, torch.Tensor] = {}  # tensors of the blocks this rank owns
         self._handlers: dict[type, Any] = {
-            RunPrefill: self._prefill, Park: self._park, Activate: self._activate, Assign: self._assign_cmd,
-            ExportBlocks: self._export, ImportBlocks: self._import, RemoveBlocks: self._remove,
-            Regroup: self._regroup,
+            m.RunPrefill: self._prefill,
+            m.Park: self._park,
+            m.Activate: self._activate,
+            m.Assign: self._assign_cmd,
+            m.ExportBlocks: self._export,
+            m.ImportBlocks: self._import,
+            m.RemoveBlocks: self._remove,
+            m.Regroup: self._regroup,
         }
 
     # -- world and groups ----------------------------------------------------------------------------------
@@ -99,8 +86,13 @@ class RankWorker:
         timeout = timedelta(seconds=sp.timeout_s)
         store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
         backend = "gloo" if sp.device == "cpu" else "nccl"
-        dist.init_process_group(backend, store=dist.PrefixStore(f"gen{generation}", store), rank=sp.rank,
-                                world_size=sp.world_size, timeout=timeout)
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(f"gen{generation}", store),
+            rank=sp.rank,
+            world_size=sp.world_size,
+            timeout=timeout,
+        )
         self.generation = generation
         self.groups = {}
         for node in range(sp.world_size // sp.gpus_per_node):
@@ -115,11 +107,11 @@ class RankWorker:
         if self.group is not None:
             self.comm = self._comm_for(self.group)
 
-    def _regroup(self, cmd: Regroup) -> list[Reply]:
+    def _regroup(self, cmd: m.Regroup) -> list[m.Reply]:
         host, port = self._store_addr
         dist.destroy_process_group()
         self.connect(host, port, cmd.generation)
-        return [Ready(self.spec.rank, cmd.generation, os.getpid())]
+        return [m.Ready(self.spec.rank, cmd.generation, os.getpid())]
 
     def _comm_for(self, group: WorkerGroup) -> Comm:
         assert group.node == self.node and group.first_rank <= self.local_rank < group.first_rank + group.degree
@@ -128,36 +120,37 @@ class RankWorker:
         pg = self.groups[(group.node, group.first_rank, group.degree)]
         return DistComm(pg, self.local_rank - group.first_rank, group.degree)
 
-    def assign(self, group: WorkerGroup, epoch: int) -> list[Reply]:
+    def assign(self, group: WorkerGroup, epoch: int) -> list[m.Reply]:
         """Become a rank of ``group`` with an empty cache (start-up, restart)."""
         self.group, self.epoch = group, epoch
         self.comm = self._comm_for(group)
         self.index = BlockIndex(group.degree, self.spec.capacity_blocks)
         self.blocks = {}
-        return [EpochAck(group.worker_id, self.spec.rank, epoch)]
+        return [m.EpochAck(group.worker_id, self.spec.rank, epoch)]
 
-    def _assign_cmd(self, cmd: Assign) -> list[Reply]:
+    def _assign_cmd(self, cmd: m.Assign) -> list[m.Reply]:
         out = self.assign(cmd.group, cmd.epoch)
         if self.comm.rank == 0:
-            out.append(Reports(cmd.group.worker_id, [CacheReport(cmd.group.worker_id, CacheReportKind.CLEARED)]))
+            out.append(m.Reports(cmd.group.worker_id, [CacheReport(cmd.group.worker_id, CacheReportKind.CLEARED)]))
         return out
 
     # -- steps ---------------------------------------------------------------------------------------------
 
-    def step(self, cmd: Command) -> list[Reply]:
+    def step(self, cmd: m.Command) -> list[m.Reply]:
         """Execute one command (an engine step) and return the replies for the driver."""
         return self._handlers[type(cmd)](cmd)  # type: ignore[no-any-return]
 
     def _check(self, worker_id: int) -> WorkerGroup:
         g = self.group
         assert g is not None and g.worker_id == worker_id, (
-            f"rank {self.spec.rank}: command for worker {worker_id}, rank belongs to {g}")
+            f"rank {self.spec.rank}: command for worker {worker_id}, rank belongs to {g}"
+        )
         return g
 
     def _leader(self) -> bool:
         return self.comm.rank == 0
 
-    def _prefill(self, cmd: RunPrefill) -> list[Reply]:
+    def _prefill(self, cmd: m.RunPrefill) -> list[m.Reply]:
         t0 = time.perf_counter()
         g = self._check(cmd.worker_id)
         bt = self.spec.block_tokens
@@ -185,18 +178,24 @@ class RankWorker:
                 reports.append(CacheReport(g.worker_id, CacheReportKind.REMOVED, tuple(evicted)))
             end = self.index.match(keys)
             if end > reuse:
-                reports.append(CacheReport(g.worker_id, CacheReportKind.STORED, tuple(keys[reuse:end]),
-                                           keys[reuse - 1] if reuse else None))
+                reports.append(
+                    CacheReport(
+                        g.worker_id, CacheReportKind.STORED, tuple(keys[reuse:end]), keys[reuse - 1] if reuse else None
+                    )
+                )
             if cmd.return_kv:
                 kv = out.new_kv if prefix is None else torch.cat([prefix, out.new_kv], dim=3)
-        return [PrefillDone(g.worker_id, me, cmd.request_id, reuse * bt, time.perf_counter() - t0,
-                            out.logits, kv, reports)]
+        return [
+            m.PrefillDone(
+                g.worker_id, me, cmd.request_id, reuse * bt, time.perf_counter() - t0, out.logits, kv, reports
+            )
+        ]
 
-    def _park(self, cmd: Park) -> list[Reply]:
+    def _park(self, cmd: m.Park) -> list[m.Reply]:
         self._check(cmd.worker_id)
-        return [Parked(cmd.worker_id, self.comm.rank)]
+        return [m.Parked(cmd.worker_id, self.comm.rank)]
 
-    def _activate(self, cmd: Activate) -> list[Reply]:
+    def _activate(self, cmd: m.Activate) -> list[m.Reply]:
         """Split or merge in place: weights and this rank's blocks stay; only metadata and the group change.
 
         Every rank of the target contributes the rows of the blocks it owns (owner renumbered to its rank in
@@ -215,15 +214,15 @@ class RankWorker:
         for k in drop.get(new_rank, ()):
             self.blocks.pop(k, None)
         assert set(self.blocks) == {k for k, *_ in self.index.rows() if self.index.owner(k) == new_rank}
-        return [EpochAck(target.worker_id, self.spec.rank, cmd.epoch)]
+        return [m.EpochAck(target.worker_id, self.spec.rank, cmd.epoch)]
 
-    def _export(self, cmd: ExportBlocks) -> list[Reply]:
+    def _export(self, cmd: m.ExportBlocks) -> list[m.Reply]:
         self._check(cmd.worker_id)
         keys = tuple(k for k in cmd.keys if k in self.blocks)
         blocks = torch.stack([self.blocks[k] for k in keys]).cpu() if keys else None
-        return [Exported(cmd.op_id, cmd.worker_id, self.comm.rank, keys, blocks)]
+        return [m.Exported(cmd.op_id, cmd.worker_id, self.comm.rank, keys, blocks)]
 
-    def _import(self, cmd: ImportBlocks) -> list[Reply]:
+    def _import(self, cmd: m.ImportBlocks) -> list[m.Reply]:
         g = self._check(cmd.worker_id)
         path = list(cmd.path)
         provided = dict(zip(cmd.keys, cmd.blocks, strict=True)) if cmd.blocks is not None else {}
@@ -246,11 +245,14 @@ class RankWorker:
                 reports.append(CacheReport(g.worker_id, CacheReportKind.REMOVED, tuple(evicted)))
             if error is None:
                 fm = cmd.first_missing
-                reports.append(CacheReport(g.worker_id, CacheReportKind.STORED, tuple(path[fm:]),
-                                           path[fm - 1] if fm else None, cmd.op_id))
-        return [OpDone(cmd.op_id, g.worker_id, me, reports, error)]
+                reports.append(
+                    CacheReport(
+                        g.worker_id, CacheReportKind.STORED, tuple(path[fm:]), path[fm - 1] if fm else None, cmd.op_id
+                    )
+                )
+        return [m.OpDone(cmd.op_id, g.worker_id, me, reports, error)]
 
-    def _remove(self, cmd: RemoveBlocks) -> list[Reply]:
+    def _remove(self, cmd: m.RemoveBlocks) -> list[m.Reply]:
         g = self._check(cmd.worker_id)
         removed = self.index.remove(cmd.keys)
         for k in removed:
@@ -259,11 +261,19 @@ class RankWorker:
         if self._leader():
             keys = tuple(dict.fromkeys([*cmd.keys, *removed]))
             reports.append(CacheReport(g.worker_id, CacheReportKind.REMOVED, keys, op_id=cmd.op_id))
-        return [OpDone(cmd.op_id, g.worker_id, self.comm.rank, reports)]
+        return [m.OpDone(cmd.op_id, g.worker_id, self.comm.rank, reports)]
 
 
-def rank_main(spec: RankSpec, host: str, port: int, generation: int, group: WorkerGroup | None, epoch: int,
-              cmd_q: Any, reply_q: Any) -> None:
+def rank_main(
+    spec: m.RankSpec,
+    host: str,
+    port: int,
+    generation: int,
+    group: WorkerGroup | None,
+    epoch: int,
+    cmd_q: Any,
+    reply_q: Any,
+) -> None:
     """Process entry point: build the rank, join the world, take ``group``, then run commands until Shutdown.
 
     Any exception is reported as :class:`RankFailed` and ends the process (its groups are unusable anyway).
@@ -272,18 +282,18 @@ def rank_main(spec: RankSpec, host: str, port: int, generation: int, group: Work
     try:
         w = RankWorker(spec)
         w.connect(host, port, generation)
-        reply_q.put(Ready(spec.rank, generation, os.getpid()))
+        reply_q.put(m.Ready(spec.rank, generation, os.getpid()))
         if group is not None:
             for r in w.assign(group, epoch):
                 reply_q.put(r)
         while True:
             cmd = cmd_q.get()
-            if isinstance(cmd, Shutdown):
+            if isinstance(cmd, m.Shutdown):
                 break
             worker_id = w.group.worker_id if w.group else None
             for r in w.step(cmd):
                 reply_q.put(r)
         dist.destroy_process_group()
     except BaseException:
-        reply_q.put(RankFailed(spec.rank, worker_id, traceback.format_exc(limit=8)))
+        reply_q.put(m.RankFailed(spec.rank, worker_id, traceback.format_exc(limit=8)))
         raise SystemExit(1) from None

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# GPU check of the torch CP engine on one lent GPU (H200). Prepared for the integrator; not run on CPU hosts.
+#   benchmarks/gpu_check.sh [extra gpu_check.py args]
+# Writes $OUT/gpu_check/ (or out/gpu_check/ without $OUT): gpu.txt, correctness.json, profile_samples.csv
+# (degree,r,p,seconds — fit with vertumnus.profiling.fit / `vertumnus profile`), summary.json. Stays under 5 min.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR="${OUT:-out}/gpu_check"
+mkdir -p "$DIR"
+
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+  for c in .venv/bin/python python3 python; do
+    if command -v "$c" >/dev/null 2>&1 &&
+       "$c" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+      PY="$c"
+      break
+    fi
+  done
+fi
+if [ -z "$PY" ]; then
+  echo "gpu_check: no python with a CUDA-enabled torch found (set PYTHON=...)" >&2
+  exit 2
+fi
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee "$DIR/gpu.txt" || true
+"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee -a "$DIR/gpu.txt"
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout 280 "$PY" benchmarks/gpu_check.py --out "$DIR" "$@" \
+  2>&1 | tee "$DIR/log.txt"
+exit "${PIPESTATUS[0]}"
