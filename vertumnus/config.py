@@ -213,8 +213,8 @@ class VllmConfig(_Section):
     block_size: int = Field(
         32, ge=1, description="vLLM KV block size in tokens (CPU: multiple of 32); must divide cache.block_tokens."
     )
-    kv_cache_space_gib: float = Field(
-        1.0, gt=0, description="CPU: KV cache per worker in GiB (VLLM_CPU_KVCACHE_SPACE); unused on GPU."
+    kv_cache_space_gib: int = Field(
+        1, ge=1, description="CPU: KV cache per worker in whole GiB (VLLM_CPU_KVCACHE_SPACE); unused on GPU."
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU: vLLM gpu_memory_utilization.")
     enforce_eager: bool = Field(True, description="Skip torch.compile / CUDA graphs (fast start-up).")
@@ -254,7 +254,9 @@ class VllmConfig(_Section):
         "connector is set) as the decode side.",
     )
     cpu_threads_bind: str = Field(
-        "auto", description="CPU: VLLM_CPU_OMP_THREADS_BIND of each engine ('auto', 'nobind' or a core list)."
+        "slots",
+        description="CPU: VLLM_CPU_OMP_THREADS_BIND of each engine. 'slots': the cores of the worker's rank "
+        "slots (rank mod core count); or vLLM's 'auto', 'nobind', or an explicit core list.",
     )
     start_timeout_s: float = Field(900.0, gt=0, description="Seconds one engine may take to start.")
     token_cache_blocks: int = Field(

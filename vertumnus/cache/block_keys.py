@@ -46,3 +46,22 @@ def keys_from_hash_ids(hash_ids: Sequence[int]) -> tuple[int, ...]:
         parent = hash((parent, int(hid))) & KEY_MASK
         out.append(parent)
     return tuple(out)
+
+
+def engine_blocks_per_block(block_tokens: int, engine_block_tokens: int) -> int:
+    """How many engine KV blocks one cache (trie) block covers; a worker holds a cache block once it holds all
+    of them (DESIGN.md §3). ValueError unless the engine block divides the cache block."""
+    if engine_block_tokens < 1 or block_tokens % engine_block_tokens:
+        raise ValueError(
+            f"engine KV block of {engine_block_tokens} tokens does not divide cache.block_tokens={block_tokens}"
+        )
+    return block_tokens // engine_block_tokens
+
+
+def group_engine_blocks(
+    engine_hashes: Sequence[int], block_keys: Sequence[int], per_block: int
+) -> list[tuple[int, tuple[int, ...]]]:
+    """Pair cache block j's key with the engine-block hashes it covers, ``engine_hashes[j·n : (j+1)·n]``
+    (n = ``per_block``). Only cache blocks whose engine blocks are all given are returned, in prompt order."""
+    n = min(len(block_keys), len(engine_hashes) // per_block)
+    return [(block_keys[j], tuple(engine_hashes[j * per_block : (j + 1) * per_block])) for j in range(n)]
