@@ -11,6 +11,7 @@ Routes::
     POST /v1/pool/reconfigure                    {"op": "split"|"merge", "worker": id[, "wait": bool]}; needs
                                                  "Authorization: Bearer <serving.admin_token>" (403 when unset)
     GET  /v1/requests/{id}                       timing breakdown of a recent request
+    GET  /v1/requests?limit=N                    the N most recent requests' breakdowns, newest first
 
 The app owns no threads: the runtime, the pool and every engine callback run on uvicorn's event loop.
 """
@@ -93,6 +94,10 @@ def create_app(
             "cache": snap.cache,
             "decode": await runtime.decode.stats(),
         }
+
+    @app.get("/v1/requests")
+    async def recent_requests(limit: int = 20) -> dict[str, Any]:
+        return {"object": "list", "data": [t.as_json() for t in runtime.timelines.recent(max(1, min(limit, 1000)))]}
 
     @app.get("/v1/requests/{request_id}")
     async def request_timing(request_id: str) -> dict[str, object]:

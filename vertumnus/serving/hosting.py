@@ -33,6 +33,7 @@ class RayHosting:
     use_gpu: bool
     owns_cluster: bool
     temp_dir: str | None
+    gcs_address: str = ""
     node_groups: list[PlacementGroup] = field(default_factory=list)
 
     def rank_options(self, node: int, local_rank: int) -> dict[str, Any]:
@@ -78,13 +79,16 @@ def start_hosting(cfg: VertumnusConfig, address: str | None = None, timeout_s: f
             log.info("local Ray cluster started; logs under %s", temp_dir)
     resources = ray.cluster_resources()
     use_gpu = _want_gpu(cfg.serving.device, float(resources.get("GPU", 0.0)))
-    hosting = RayHosting(use_gpu, owns_cluster=address is None, temp_dir=temp_dir)
+    gcs = ray.get_runtime_context().gcs_address
+    hosting = RayHosting(use_gpu, owns_cluster=address is None, temp_dir=temp_dir, gcs_address=gcs)
     bundle = {"GPU": 1.0, "CPU": 1.0} if use_gpu else {"CPU": 1.0}
     need = cfg.pool.total_gpus
     if not use_gpu and cfg.serving.cpu_slots != need:
         hosting.close()
-        raise ValueError(f"serving.cpu_slots={cfg.serving.cpu_slots} must equal pool.nodes × pool.gpus_per_node "
-                         f"= {need} when the ranks run on CPU slots")
+        raise ValueError(
+            f"serving.cpu_slots={cfg.serving.cpu_slots} must equal pool.nodes × pool.gpus_per_node "
+            f"= {need} when the ranks run on CPU slots"
+        )
     have = float(resources.get("GPU" if use_gpu else "CPU", 0.0))
     if have < need:
         hosting.close()

@@ -116,6 +116,7 @@ def serve(cfg: VertumnusConfig, host: str | None = None, port: int | None = None
     url = f"http://{shown}:{actual}"
     print(f"Vertumnus: starting Ray and {cfg.pool.total_gpus} rank slots on {url} ...", flush=True)
     runtime, hosting = build_runtime(cfg, address)
+    print(f"Ray cluster: {hosting.gcs_address} (logs: {hosting.temp_dir or 'the cluster default'})", flush=True)
     try:
         app = create_app(
             runtime, on_ready=lambda: print(ready_banner(cfg, url, runtime.pool.snapshot().composition), flush=True)

@@ -38,6 +38,9 @@ class WorkerRow:
     epoch: int
     queue_s: float
     cached_blocks: int
+    queued: int = 0  # requests queued or running there
+    running: str | None = None  # request id running now
+    free_kv_blocks: int = 0
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -50,6 +53,9 @@ class WorkerRow:
             "epoch": self.epoch,
             "outstanding_s": round(self.queue_s, 6),
             "cached_blocks": self.cached_blocks,
+            "queued": self.queued,
+            "running": self.running,
+            "free_kv_blocks": self.free_kv_blocks,
         }
 
 

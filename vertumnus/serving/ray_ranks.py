@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -25,6 +26,11 @@ from vertumnus.serving.hosting import RayHosting
 from vertumnus.serving.rank_actor import RankActor
 
 log = logging.getLogger("vertumnus.serving")
+
+
+def rank_actor_name(server_pid: int, rank: int) -> str:
+    """Ray actor name of a rank (namespace ``vertumnus``); unique per server process."""
+    return f"vertumnus-{server_pid}-rank-{rank}"
 
 
 class RankSet:
@@ -61,7 +67,9 @@ class RankSet:
         """Create the actor of ``rank`` in its node's placement-group bundle and start watching it."""
         node, local = divmod(rank, self.gpn)
         opts = self.hosting.rank_options(node, local)
-        actor = self._cls.options(max_concurrency=2, name=None, **opts).remote(self.spec(rank))
+        # named so an operator (or the fault tests) can find a rank: ray.get_actor(name, namespace="vertumnus")
+        name = rank_actor_name(os.getpid(), rank)
+        actor = self._cls.options(max_concurrency=2, name=name, **opts).remote(self.spec(rank))
         self.actors[rank] = actor
         self.alive[rank] = True
         task = asyncio.get_running_loop().create_task(self._watch(rank, actor))

@@ -310,19 +310,10 @@ class ServingRuntime:
         """The pool's workers as /v1/pool and the metrics show them."""
         snap = snap or self.pool.snapshot()
         return [
-            WorkerRow(
-                w.worker_id,
-                self.engine_name,
-                w.degree,
-                w.node,
-                tuple(w.ranks),
-                w.state.lower(),
-                w.epoch,
-                w.queue_s,
-                w.cached_blocks,
-            )
+            WorkerRow(w.worker_id, self.engine_name, w.degree, w.node, tuple(w.ranks), w.state.lower(), w.epoch,
+                      w.queue_s, w.cached_blocks, w.queued, w.running, w.free_kv_blocks)
             for w in snap.workers
-        ]
+        ]  # fmt: skip
 
     def reconfigure(self, op: str, worker_id: int) -> ReconfigPlan:
         """Order a split / merge (admin); ValueError when the controller refuses."""

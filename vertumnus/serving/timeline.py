@@ -87,5 +87,14 @@ class TimelineLog:
     def get(self, request_id: str) -> Timeline | None:
         return self._items.get(request_id)
 
+    def recent(self, n: int) -> list[Timeline]:
+        """The ``n`` most recently admitted requests, newest first."""
+        out: list[Timeline] = []
+        for t in reversed(self._items.values()):
+            if len(out) >= n:
+                break
+            out.append(t)
+        return out
+
     def __len__(self) -> int:
         return len(self._items)

@@ -1,0 +1,158 @@
+"""``vertumnus bench serve``: front end + pool overhead with the trivial engine (not a timed test).
+
+The server is the real one — :func:`~vertumnus.serving.app.create_app` over a
+:class:`~vertumnus.serving.runtime.ServingRuntime` with the real :class:`~vertumnus.pool.PrefillPool` — with
+:class:`~vertumnus.serving.instant.InstantDataPlane` / :class:`~vertumnus.serving.instant.InstantDecode` in place
+of Ray, torch and decode, in a child process (so the load generator does not share its event loop).
+
+Measured:
+- *router overhead*: HTTP in (the handler starts, before the body is parsed) → the request is placed on a worker
+  (parse, tokenize, hash the blocks, trie match, placement, submit), and HTTP in → the worker starts the
+  prefill, from the server's own request timelines, at concurrency 1 (no queueing);
+- *throughput*: completed requests/s at ``--concurrency`` clients with keep-alive connections.
+Prompts share a few long prefixes, so the trie, matches and LRU reports are exercised like in real traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from vertumnus.config import VertumnusConfig, load_config
+
+
+@dataclass(slots=True)
+class BenchResult:
+    requests_latency_phase: int
+    router_ms_p50: float
+    router_ms_p99: float
+    worker_start_ms_p50: float
+    worker_start_ms_p99: float
+    client_ms_p50: float
+    client_ms_p99: float
+    requests_throughput_phase: int
+    concurrency: int
+    throughput_rps: float
+    prompt_tokens: int
+    machine: str
+
+
+def serve_instant(cfg: VertumnusConfig, port: int) -> None:
+    """Child process: the real app and pool over the instant engine on 127.0.0.1:``port``."""
+    import uvicorn
+
+    from vertumnus.profiling.cost_model import CostModel
+    from vertumnus.serving.app import create_app
+    from vertumnus.serving.instant import InstantDataPlane, InstantDecode
+    from vertumnus.serving.runtime import ServingRuntime
+
+    clock = time.monotonic
+    dp = InstantDataPlane(cfg.pool.gpus_per_node, cfg.pool.kv_capacity_blocks_per_rank, cfg.cache.block_tokens, clock)
+    cost = CostModel.from_file(cfg.resolve_path(cfg.cost_model.profile))
+    runtime = ServingRuntime(cfg, dp, InstantDecode(), cost, "instant", clock)
+    uvicorn.run(create_app(runtime), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def _prompts(n: int, words: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    prefixes = [" ".join(f"p{k}w{j}" for j in range(words)) for k in range(8)]
+    return [f"{prefixes[i % 8]} q{i} {rng.randrange(10**6)}" for i in range(n)]
+
+
+async def _drive(url: str, prompts: list[str], concurrency: int) -> tuple[list[float], float]:
+    """Send every prompt (max_tokens 1) with ``concurrency`` clients; per-request client latency and wall time."""
+    lat: list[float] = []
+    it = iter(prompts)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as c:
+
+        async def client() -> None:
+            for p in it:
+                t0 = time.perf_counter()
+                r = await c.post("/v1/completions", json={"model": "vertumnus-tiny", "prompt": p, "max_tokens": 1})
+                lat.append(time.perf_counter() - t0)
+                if r.status_code != 200:
+                    raise RuntimeError(f"bench request failed: {r.status_code} {r.text[:200]}")
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return lat, wall
+
+
+def run_bench(config: Path, requests: int, concurrency: int, words: int) -> BenchResult:
+    """Start the instant-engine server, measure, stop it."""
+    from vertumnus.profiling.targets import cpu_description
+    from vertumnus.serving.launcher import bind_socket
+
+    cfg = load_config(config, overrides={"controller": {"enabled": False}})
+    sock = bind_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    sock.close()
+    cfg_path = Path(tempfile.mkdtemp(prefix="vertumnus-bench-")) / "bench.json"
+    cfg_path.write_text(cfg.model_dump_json())
+    code = (
+        f"import json,sys;from vertumnus.config import config_from_dict as c;from vertumnus.serving.bench import "
+        f"serve_instant as s;s(c(json.load(open(sys.argv[1]))),{port})"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(cfg_path)])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the bench server did not start")
+            time.sleep(0.2)
+        n_lat = min(requests, 1000)
+        asyncio.run(_drive(url, _prompts(200, words, seed=1), 4))  # warm-up (imports, caches, JIT paths)
+        client_lat, _ = asyncio.run(_drive(url, _prompts(n_lat, words, seed=2), 1))
+        recent = httpx.get(f"{url}/v1/requests", params={"limit": n_lat}, timeout=60).json()["data"]
+        router = np.array([t["timing_s"]["router"] for t in recent]) * 1000
+        start = np.array([t["timing_s"]["queue"] for t in recent]) * 1000
+        _, wall = asyncio.run(_drive(url, _prompts(requests, words, seed=3), concurrency))
+        tokens = recent[0]["prompt_tokens"] if recent else 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    cl = np.array(client_lat) * 1000
+    return BenchResult(
+        n_lat, float(np.percentile(router, 50)), float(np.percentile(router, 99)), float(np.percentile(start, 50)),
+        float(np.percentile(start, 99)), float(np.percentile(cl, 50)), float(np.percentile(cl, 99)), requests,
+        concurrency, requests / wall, tokens, cpu_description(),
+    )  # fmt: skip
+
+
+def report(res: BenchResult, as_json: bool) -> str:
+    if as_json:
+        return json.dumps(asdict(res))
+    ok_lat = "meets" if res.worker_start_ms_p99 <= 5.0 else "MISSES"
+    ok_rps = "meets" if res.throughput_rps >= 500 else "MISSES"
+    return "\n".join([
+        f"vertumnus bench serve — instant engine, real front end + pool ({res.machine})",
+        f"  prompts: {res.prompt_tokens} tokens, 8 shared prefixes; controller off",
+        f"  HTTP in → placed        p50 {res.router_ms_p50:.2f} ms   p99 {res.router_ms_p99:.2f} ms",
+        f"  HTTP in → worker start  p50 {res.worker_start_ms_p50:.2f} ms   p99 {res.worker_start_ms_p99:.2f} ms"
+        f"   ({ok_lat} target p99 ≤ 5 ms; {res.requests_latency_phase} sequential requests)",
+        f"  client round trip       p50 {res.client_ms_p50:.2f} ms   p99 {res.client_ms_p99:.2f} ms",
+        f"  throughput              {res.throughput_rps:.0f} req/s at concurrency {res.concurrency} "
+        f"({ok_rps} target ≥ 500 req/s; {res.requests_throughput_phase} requests)",
+    ])  # fmt: skip
