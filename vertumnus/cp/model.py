@@ -9,7 +9,7 @@ Decode pools use it single-process::
     model = ReferenceModel.from_config(ModelConfig())            # random weights from cfg.seed, or cfg.path
     logits, cache = model.prefill(prompt_ids)                     # last-token logits [V], KVCache
     # or continue from a CP prefill's KV (TorchDataPlane.take_output(request_id)):
-    cache = KVCache.from_tensor(out.kv); logits = out.logits
+    cache = KVCache.from_tensor(out.kv, model.dims); logits = out.logits
     new_ids = model.decode(cache, logits, max_new_tokens=16)      # greedy; temperature>0 samples
 
 KV layout everywhere: per layer K and V as ``[Hkv, T, D]``; a whole sequence as ``[layers, 2, Hkv, T, D]``.

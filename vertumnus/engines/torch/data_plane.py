@@ -30,7 +30,7 @@ from vertumnus.engines.torch.core import DataPlaneCore
 from vertumnus.engines.torch.launcher import RankProcesses
 from vertumnus.engines.torch.slots import PrefillOutput, Slot
 from vertumnus.interfaces import EngineEvents, PrefillJob
-from vertumnus.types import CacheOp, CacheOpKind, CacheReport, CacheReportKind, ReconfigPlan, WorkerGroup, WorkerState
+from vertumnus.types import CacheOp, CacheOpKind, ReconfigPlan, WorkerGroup, WorkerState
 
 
 class TorchDataPlane(DataPlaneCore):
@@ -181,10 +181,7 @@ class TorchDataPlane(DataPlaneCore):
                     self._send(r, m.Regroup(gen))
                     if r in members:  # an idle rank respawned earlier joins now
                         self._send(r, m.Assign(group, epoch))
-            self._workers[group.worker_id] = Slot(group)
-            cleared = CacheReport(group.worker_id, CacheReportKind.CLEARED)
-            ev = self._ev()
-            self._emit(lambda: ev.cache_report(cleared))
+            self._workers[group.worker_id] = Slot(group)  # its first rank reports CLEARED with the acks
 
     def close(self) -> None:
         self._stop.set()

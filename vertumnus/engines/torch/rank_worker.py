@@ -283,8 +283,8 @@ def rank_main(
         w = RankWorker(spec)
         w.connect(host, port, generation)
         reply_q.put(m.Ready(spec.rank, generation, os.getpid()))
-        if group is not None:
-            for r in w.assign(group, epoch):
+        if group is not None:  # a restarted worker (generation > 0) also reports its empty cache
+            for r in w.step(m.Assign(group, epoch)) if generation > 0 else w.assign(group, epoch):
                 reply_q.put(r)
         while True:
             cmd = cmd_q.get()
