@@ -133,3 +133,43 @@ def test_cli_usage_errors(runner: CliRunner, cli_app: typer.Typer, argv: list[st
     # vertumnus.cli.main.main() turns these ValueErrors into "error: ..." and exit code 2.
     res = runner.invoke(cli_app, argv)
     assert isinstance(res.exception, ValueError) and message in str(res.exception)
+
+
+def test_bench_profile_prints_the_figures(planted_config: Path, runner: CliRunner, cli_app: typer.Typer) -> None:
+    args = [
+        "bench",
+        "profile",
+        "--engine",
+        "sim",
+        "--config",
+        str(planted_config),
+        "--degrees",
+        "1,2",
+        "--repeats",
+        "1",
+    ]
+    res = runner.invoke(cli_app, args)
+    assert res.exit_code == 0, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("bench profile:")]
+    assert lines[:2] == [
+        "bench profile: engine=sim C=1 MAPE=0.00% max_error=0.00%",
+        "bench profile: engine=sim C=2 MAPE=0.00% max_error=0.00%",
+    ]
+    assert lines[2].startswith("bench profile: 16 points × 1 repeats in ")
+
+
+def test_capacity_engine_real_through_the_cli(
+    tmp_path: Path, planted_config: Path, excerpt: Path, runner: CliRunner, cli_app: typer.Typer
+) -> None:
+    base = ["profile", "--engine", "sim", "--config", str(planted_config), "--degrees", "1,2", "--lengths", LENGTHS]
+    base += ["--repeats", "1", "--trace", str(excerpt), "--capacity-requests", "30"]
+    kappas = {}
+    for engine in ("model", "real"):
+        out = tmp_path / f"{engine}.yaml"
+        res = runner.invoke(cli_app, [*base, "--capacity-engine", engine, "--out", str(out)])
+        assert res.exit_code == 0, res.output
+        prof = CostProfile.load(out)
+        assert f"kappa: {engine} service times, 30 requests of conversation_excerpt.jsonl" in prof.notes
+        kappas[engine] = {c: p.kappa for c, p in prof.degrees.items()}
+    # the noiseless sim engine serves in exactly Ê, so timing it gives the model's κ
+    assert kappas["real"] == kappas["model"] and all(k is not None and k > 0 for k in kappas["model"].values())

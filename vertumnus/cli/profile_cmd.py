@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -193,8 +193,12 @@ def run_and_report(
             tag = " (warm-up)" if phase == "warmup" else ""
             bar.update(task, advance=1, description=f"C={pt.degree} L={pt.length} P={pt.p}{tag}")
 
-        def cap(degree: int) -> None:
-            bar.update(task, description=f"κ for C={degree}")
+        def cap(degree: int, requests: int) -> Callable[[], None] | None:
+            if opts.capacity_engine != "real":
+                bar.update(task, description=f"κ for C={degree}")
+                return None
+            sub = bar.add_task(f"κ for C={degree}: {requests} real prefills", total=requests)
+            return lambda: bar.update(sub, advance=1)
 
         try:
             run = run_profile(target, spec, cfg, opts, on_step=step, on_capacity=cap)

@@ -90,11 +90,12 @@ def run_profile(
     cfg: VertumnusConfig,
     opts: ProfileOptions,
     on_step: Callable[[GridPoint, str], None] | None = None,
-    on_capacity: Callable[[int], None] | None = None,
+    on_capacity: Callable[[int, int], Callable[[], None] | None] | None = None,
 ) -> ProfileRun:
     """The whole flow; raises :class:`FitRejected` (after writing samples + plot) when the fit is too poor.
 
-    ``on_capacity(degree)`` is called before each degree's κ measurement (progress reporting).
+    ``on_capacity(degree, requests)`` is called before each degree's κ measurement and may return a callable
+    ticked after every real-engine request (progress reporting).
     """
     load_before = _loadavg()
     rows = measure_grid(target, spec, on_step)
@@ -161,7 +162,7 @@ def _capacity(
     profile: CostProfile,
     cfg: VertumnusConfig,
     opts: ProfileOptions,
-    on_capacity: Callable[[int], None] | None,
+    on_capacity: Callable[[int, int], Callable[[], None] | None] | None,
 ) -> list[CapacityResult]:
     assert opts.trace is not None
     limit = opts.capacity_requests
@@ -171,8 +172,7 @@ def _capacity(
     model = CostModel(profile)
     out = []
     for c in sorted(profile.degrees):
-        if on_capacity:
-            on_capacity(c)
+        tick = on_capacity(c, len(work.lengths)) if on_capacity else None
         real = target if opts.capacity_engine == "real" else None
-        out.append(measure_capacity(c, model, work, cfg, real))
+        out.append(measure_capacity(c, model, work, cfg, real, tick))
     return out
