@@ -1,10 +1,11 @@
 """`vertumnus bench cp`: measured prefill time per CP degree, speed-up, and split / merge durations of the torch
 engine on this machine (one thread per rank). A benchmark, not a test: it prints figures, asserts nothing.
 
-Procedure: one node of ``max(degrees)`` ranks starts as a single worker of the largest degree. For each degree,
-largest first, the first worker prefills ``tokens`` fresh tokens ``repeats`` times (no reuse; the minimum is
-reported); then it is split (park → activate) down to the next degree. At the end the workers are merged back
-up, so every split and every merge on the path is timed:
+Procedure: one node of ``max(degrees)`` ranks starts as a single worker of the largest degree. Each of
+``repeats`` rounds walks the degrees largest first: the first worker prefills ``tokens`` fresh tokens (no
+reuse), then is split (park → activate) down to the next degree; at the end of the round the workers are merged
+back up. Rounds interleave the degrees so that load from other processes hits them alike; the fastest prefill
+per degree and the slowest park / switch per kind are reported:
 
 - park_s: ``park()`` until ``worker_parked`` (an idle worker: the step-boundary round trip);
 - switch_s: ``activate()`` until every participating rank acknowledged the new epoch (the switch stage).
@@ -119,8 +120,6 @@ def run_cp_bench(
         }
     )
     ev = _Events()
-    prefill_s: dict[str, float] = {}
-    compute_s: dict[str, float] = {}
     park_s: dict[str, list[float]] = {"split": [], "merge": []}
     switch_s: dict[str, list[float]] = {"split": [], "merge": []}
     load_before = os.getloadavg()
@@ -145,36 +144,37 @@ def run_cp_bench(
             switch_s[name].append(max(a[3] for a in ev.acks if a[2] == epoch) - t1)
 
         wid = 1
-        for i, deg in enumerate(degs):
-            while cur.degree > deg:  # split down to this degree, keep the left half
-                half = cur.degree // 2
-                left = WorkerGroup(wid, 0, cur.first_rank, half)
-                right = WorkerGroup(wid + 1, 0, cur.first_rank + half, half)
-                wid += 2
-                say(f"split CP{cur.degree} -> 2 x CP{half}")
-                reconfigure(ReconfigKind.SPLIT, (cur,), (left, right))
-                others.append(right)
-                cur = left
-            times, comp = [], []
-            for r in range(repeats):
+        times: dict[int, list[float]] = {d: [] for d in degs}
+        comp: dict[int, list[float]] = {d: [] for d in degs}
+        for rnd in range(repeats):  # rounds interleave the degrees, so load drift hits them alike
+            for deg in degs:
+                while cur.degree > deg:  # split down to this degree, keep the left half
+                    half = cur.degree // 2
+                    left = WorkerGroup(wid, 0, cur.first_rank, half)
+                    right = WorkerGroup(wid + 1, 0, cur.first_rank + half, half)
+                    wid += 2
+                    say(f"split CP{cur.degree} -> 2 x CP{half}")
+                    reconfigure(ReconfigKind.SPLIT, (cur,), (left, right))
+                    others.append(right)
+                    cur = left
                 rid = f"bench-{next_id[0]}"
                 next_id[0] += 1
-                dp.submit(cur.worker_id, _job(rid, tokens, 512, 1000 * i + r, cur))
+                dp.submit(cur.worker_id, _job(rid, tokens, 512, 1000 * rnd + deg, cur))
                 ev.wait(lambda rid=rid: rid in ev.done, timeout_s)  # type: ignore[misc]
                 res = ev.done[rid]
                 out = dp.take_output(rid)
-                times.append(res.finished_s - res.started_s)
-                comp.append(out.compute_s if out is not None else float("nan"))
-                say(f"CP{deg}: prefill of {tokens} tokens in {times[-1]:.2f} s")
-            prefill_s[str(deg)] = min(times)
-            compute_s[str(deg)] = min(comp)
-        while others:  # merge back up
-            right = others.pop()
-            parent = WorkerGroup(wid, 0, cur.first_rank, cur.degree * 2)
-            wid += 1
-            say(f"merge 2 x CP{cur.degree} -> CP{parent.degree}")
-            reconfigure(ReconfigKind.MERGE, (cur, right), (parent,))
-            cur = parent
+                times[deg].append(res.finished_s - res.started_s)
+                comp[deg].append(out.compute_s if out is not None else float("nan"))
+                say(f"CP{deg}: prefill of {tokens} tokens in {times[deg][-1]:.2f} s")
+            while others:  # merge back up
+                right = others.pop()
+                parent = WorkerGroup(wid, 0, cur.first_rank, cur.degree * 2)
+                wid += 1
+                say(f"merge 2 x CP{cur.degree} -> CP{parent.degree}")
+                reconfigure(ReconfigKind.MERGE, (cur, right), (parent,))
+                cur = parent
+        prefill_s = {str(d): min(v) for d, v in times.items()}
+        compute_s = {str(d): min(v) for d, v in comp.items()}
     base = prefill_s.get("1")
     return {
         "tokens": tokens,

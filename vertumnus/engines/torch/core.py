@@ -173,7 +173,7 @@ class DataPlaneCore:
             self._on_prefill(msg, now)
         elif isinstance(msg, m.Parked):
             slot = self._workers.get(msg.worker_id)
-            if slot is not None and slot.usable:
+            if slot is not None and slot.usable and slot.park_sent:  # else: an earlier incarnation's reply
                 slot.parked.add(msg.rank)
                 if len(slot.parked) == slot.group.degree:
                     slot.state = WorkerState.PARKED
@@ -202,8 +202,8 @@ class DataPlaneCore:
     def _on_prefill(self, msg: m.PrefillDone, now: float) -> None:
         slot = self._workers.get(msg.worker_id)
         run = slot.running if slot is not None else None
-        if slot is None or run is None or run.job.request.request_id != msg.request_id:
-            return  # stale: the worker failed meanwhile
+        if slot is None or run is None or run.job.request.request_id != msg.request_id or msg.epoch != slot.epoch:
+            return  # stale: the worker failed meanwhile (or this is its earlier incarnation's reply)
         run.replies[msg.rank] = msg
         if len(run.replies) < slot.group.degree:
             return

@@ -78,7 +78,7 @@ class TorchDataPlane(DataPlaneCore):
         by_rank = {self._global(g, r): g for g in groups for r in g.ranks}
         with self._lock:
             for g in groups:
-                self._workers[g.worker_id] = Slot(g)
+                self._workers[g.worker_id] = Slot(g, epoch)
         for rank in range(self.world_size):
             self._procs.spawn(self._rank_spec(rank), 0, by_rank.get(rank), epoch)
         self._thread = threading.Thread(target=self._loop, name="torch-data-plane", daemon=True)
@@ -140,7 +140,7 @@ class TorchDataPlane(DataPlaneCore):
             for t in plan.targets:
                 for r in t.ranks:
                     self._send(self._global(t, r), m.Activate(plan.kind, plan.epoch, t, plan.sources))
-                self._workers[t.worker_id] = Slot(t)
+                self._workers[t.worker_id] = Slot(t, plan.epoch)
             first = self._workers[plan.targets[0].worker_id]
             first.queue.extend(leftover)
             for t in plan.targets:
@@ -181,7 +181,7 @@ class TorchDataPlane(DataPlaneCore):
                     self._send(r, m.Regroup(gen))
                     if r in members:  # an idle rank respawned earlier joins now
                         self._send(r, m.Assign(group, epoch))
-            self._workers[group.worker_id] = Slot(group)  # its first rank reports CLEARED with the acks
+            self._workers[group.worker_id] = Slot(group, epoch)  # its first rank reports CLEARED with the acks
 
     def close(self) -> None:
         self._stop.set()

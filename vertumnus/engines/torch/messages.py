@@ -140,6 +140,7 @@ class PrefillDone:
     logits: torch.Tensor | None = None  # [V] from the rank holding the last token
     kv: torch.Tensor | None = None  # [layers, 2, Hkv, L, D] from the worker's first rank when asked
     reports: list[CacheReport] = field(default_factory=list)  # from the worker's first rank
+    epoch: int = -1  # the rank's epoch: lets the driver drop replies of a failed worker's earlier incarnation
 
 
 @dataclass(slots=True)

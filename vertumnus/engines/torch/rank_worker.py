@@ -187,7 +187,15 @@ class RankWorker:
                 kv = out.new_kv if prefix is None else torch.cat([prefix, out.new_kv], dim=3)
         return [
             m.PrefillDone(
-                g.worker_id, me, cmd.request_id, reuse * bt, time.perf_counter() - t0, out.logits, kv, reports
+                g.worker_id,
+                me,
+                cmd.request_id,
+                reuse * bt,
+                time.perf_counter() - t0,
+                out.logits,
+                kv,
+                reports,
+                self.epoch,
             )
         ]
 

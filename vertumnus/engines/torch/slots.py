@@ -42,6 +42,7 @@ class Slot:
     """
 
     group: WorkerGroup
+    epoch: int  # the epoch its ranks run under (replies of an earlier incarnation carry another)
     state: WorkerState = WorkerState.ACTIVE
     queue: deque[PrefillJob] = field(default_factory=deque)
     running: Running | None = None
