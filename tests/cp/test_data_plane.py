@@ -214,8 +214,8 @@ def test_dead_rank_fails_its_worker_and_restart_rejoins_the_world() -> None:
         with pytest.raises(ValueError, match="unknown or failed"):
             dp.submit(0, job("x", p, 0, 1, B))
         dp.restart(a, 1)
-        rec.wait(lambda: (0, 0) in _acks(rec, 1))
-        assert any(r.kind == CacheReportKind.CLEARED for r in rec.reports(0))
+        rec.wait(lambda: (0, 0) in _acks(rec, 1))  # then the restarted worker reports its empty cache
+        rec.wait(lambda: any(r.kind == CacheReportKind.CLEARED for r in rec.reports(0)))
         cached, logits = _run(dp, rec, "p@0", p, 0, 1)
         assert cached == 0 and (logits - want).abs().max().item() <= TOL
         cached, logits = _run(dp, rec, "p@1 again", p, 1, 1)  # the live worker kept its cache
