@@ -7,6 +7,7 @@ MAPE 31%"), which points at the term that is off (α·W for long, b·P for prefi
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,7 @@ def plot_fit(profile: CostProfile, rows: Sequence[Measurement], path: str | Path
 
     matplotlib.use("Agg")  # headless: no display on servers and CI
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     model = CostModel(profile)
     degrees = sorted({m.point.degree for m in rows})
@@ -141,6 +143,8 @@ def plot_fit(profile: CostProfile, rows: Sequence[Measurement], path: str | Path
         ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="y = x")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):  # minor labels of a narrow log range overlap each other
+            axis.set_minor_formatter(NullFormatter())
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         mape = profile.degrees[c].mape
@@ -149,7 +153,8 @@ def plot_fit(profile: CostProfile, rows: Sequence[Measurement], path: str | Path
         ax.set_ylabel("predicted Ê (s)")
         ax.legend(loc="upper left", fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle(f"{profile.engine}: {profile.model} — {profile.hardware}", fontsize=9)
+    title = f"{profile.engine} ({profile.source}): {profile.model} — {profile.hardware}"
+    fig.suptitle("\n".join(textwrap.wrap(title, width=int(60 * len(degrees)))), fontsize=8)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
