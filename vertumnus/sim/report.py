@@ -1,0 +1,197 @@
+"""Regenerate the evaluation report: ``python -m vertumnus.sim.report --out docs/results.md`` (``make results``).
+
+Experiments (40 simulated GPUs, 5 nodes × 8, degrees 4 and 8, configs/sim-40gpu.yaml):
+
+1. the synthetic trace and the conversation trace at several request rates: every policy plus the zero-queue
+   lower bound; ``vertumnus-static`` on the composition Vertumnus starts from (chosen from the workload's
+   history) and on the baselines' fixed mixed composition, the baselines on that fixed composition;
+2. the time-varying workload (configs/workloads/tool-agent-phases.yaml): Vertumnus against every fixed
+   composition of the lattice (Vertumnus routing, controller off), per phase;
+3. the simulator's speed on the conversation trace.
+
+Every figure in docs/results.md is computed here from the runs; nothing is typed in by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vertumnus.config import VertumnusConfig, format_composition
+from vertumnus.controller.lattice import Lattice
+from vertumnus.profiling.cost_model import CostModel
+from vertumnus.sim.inputs import Workload, load_cost, load_sim_config, load_workload_requests, resolve
+from vertumnus.sim.policies import BASELINES, LOWER_BOUND
+from vertumnus.sim.report_text import BASELINE_COMPOSITION, STATIC_FIXED, render
+from vertumnus.sim.runner import RunResult, run_policy
+
+TRACES = {
+    "synthetic": "../shared/traces/synthetic_trace.jsonl",
+    "conversation": "../shared/traces/conversation_first15min.jsonl",
+}
+# Request rates (requests/s, by rescaling arrival times): from light load to past saturation of 40 GPUs.
+RATES = {"synthetic": (10.0, 20.0, 30.0, 40.0), "conversation": (8.0, 16.0, 24.0, 32.0)}
+PHASE_WORKLOAD = "configs/workloads/tool-agent-phases.yaml"
+# Cache-manager ablation as in the paper: fixed composition, controller off, replication on / off.
+STEADY_WORKLOAD = "configs/workloads/tool-agent-steady.yaml"
+STEADY_RATES = (30.0, 40.0, 45.0)
+STEADY_COMPOSITION = "6xCP4+2xCP8"
+
+
+@dataclass(slots=True)
+class RateExperiment:
+    """One trace at one rate: every policy."""
+
+    trace: str
+    rate: float
+    requests: int
+    composition: str  # Vertumnus' initial composition (also vertumnus-static's)
+    results: dict[str, RunResult] = field(default_factory=dict)  # label -> run
+
+
+@dataclass(slots=True)
+class PhaseExperiment:
+    """The time-varying workload: Vertumnus, its ablations and every fixed composition."""
+
+    workload: Workload
+    vertumnus: dict[str, RunResult]
+    fixed: dict[str, RunResult]  # composition -> vertumnus-static run
+    lower: RunResult
+
+
+@dataclass(slots=True)
+class AblationRun:
+    """One rate of the fixed-composition cache ablation: with and without replication."""
+
+    rate: float
+    full: RunResult
+    norepl: RunResult
+
+
+@dataclass(slots=True)
+class Report:
+    cfg: VertumnusConfig
+    cost: CostModel
+    rate_runs: list[RateExperiment]
+    phase: PhaseExperiment | None
+    ablation: list[AblationRun]
+    bench: dict[str, float]
+    wall_s: float = 0.0
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_rates(
+    cfg: VertumnusConfig, cost: CostModel, name: str, path: str, rates: Sequence[float]
+) -> list[RateExperiment]:
+    out = []
+    for rate in rates:
+        wl = load_workload_requests(cfg, trace=path, target_rps=rate)
+        first = run_policy(wl.requests, cfg, cost, "vertumnus")
+        comp = first.summary["initial_composition"]
+        exp = RateExperiment(name, rate, len(wl.requests), comp, {"vertumnus": first})
+        runs = [
+            ("vertumnus-norepl", "vertumnus-norepl", None),
+            ("vertumnus-static", "vertumnus-static", comp),
+            (STATIC_FIXED, "vertumnus-static", BASELINE_COMPOSITION),
+            *((b, b, BASELINE_COMPOSITION) for b in BASELINES),
+            (LOWER_BOUND, LOWER_BOUND, None),
+        ]
+        for label, pol, fixed in runs:
+            exp.results[label] = run_policy(wl.requests, cfg, cost, pol, fixed)
+        log(f"  {name} @ {rate:g} rps: {len(wl.requests)} requests, composition {comp}, "
+            f"{sum(r.summary['sim_wall_s'] for r in exp.results.values()):.1f} s")  # fmt: skip
+        out.append(exp)
+    return out
+
+
+def all_compositions(cfg: VertumnusConfig) -> list[str]:
+    """Every composition of the pool's lattice, most small-degree workers first."""
+    lat = Lattice(cfg.pool.nodes, cfg.pool.gpus_per_node, cfg.pool.degrees)
+    return [format_composition(lat.as_dict(c)) for c in sorted(lat.reachable(), reverse=True)]
+
+
+def run_phases(cfg: VertumnusConfig, cost: CostModel, spec: str) -> PhaseExperiment:
+    wl = load_workload_requests(cfg, workload=spec)
+    vert = {p: run_policy(wl.requests, cfg, cost, p) for p in ("vertumnus", "vertumnus-norepl")}
+    fixed = {c: run_policy(wl.requests, cfg, cost, "vertumnus-static", c) for c in all_compositions(cfg)}
+    lower = run_policy(wl.requests, cfg, cost, LOWER_BOUND)
+    log(f"  {wl.name}: {len(wl.requests)} requests, {len(fixed)} fixed compositions")
+    return PhaseExperiment(wl, vert, fixed, lower)
+
+
+def run_ablation(cfg: VertumnusConfig, cost: CostModel, spec: str, rates: Sequence[float]) -> list[AblationRun]:
+    fixed = cfg.model_copy(deep=True)
+    fixed.controller.enabled = False
+    out = []
+    for rate in rates:
+        wl = load_workload_requests(fixed, workload=spec, target_rps=rate)
+        full = run_policy(wl.requests, fixed, cost, "vertumnus", STEADY_COMPOSITION)
+        norepl = run_policy(wl.requests, fixed, cost, "vertumnus-norepl", STEADY_COMPOSITION)
+        out.append(AblationRun(rate, full, norepl))
+        log(f"  {wl.name} @ {rate:g} rps: {len(wl.requests)} requests")
+    return out
+
+
+def run_bench(cfg: VertumnusConfig, cost: CostModel, path: str, repeat: int = 3) -> dict[str, float]:
+    wl = load_workload_requests(cfg, trace=path)
+    best: dict[str, float] = {}
+    for _ in range(repeat):
+        s = run_policy(wl.requests, cfg, cost, "vertumnus").summary
+        if not best or s["sim_wall_s"] < best["wall_s"]:
+            best = {"requests": s["requests"], "events": s["events"], "wall_s": s["sim_wall_s"],
+                    "events_per_s": s["events_per_s"]}  # fmt: skip
+    return best
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="docs/results.md", help="Markdown file to write (images go to <dir>/img/).")
+    ap.add_argument("--config", default=None, help="Simulator config (default configs/sim-40gpu.yaml).")
+    ap.add_argument("--quick", action="store_true", help="One rate per trace, no phase workload (smoke run).")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    cfg = load_sim_config(args.config)
+    cost = load_cost(cfg)
+    out = Path(args.out)
+    img = out.parent / "img"
+    rate_runs: list[RateExperiment] = []
+    for name, path in TRACES.items():
+        if not resolve(path).exists():
+            raise ValueError(f"trace {path} not found (the report reads ../shared/traces/)")
+        rates = RATES[name][-1:] if args.quick else RATES[name]
+        log(f"{name} trace at {', '.join(f'{r:g}' for r in rates)} rps")
+        rate_runs += run_rates(cfg, cost, name, path, rates)
+    phase = None
+    ablation: list[AblationRun] = []
+    if not args.quick:
+        log("time-varying workload")
+        phase = run_phases(cfg, cost, str(resolve(PHASE_WORKLOAD)))
+        log("cache-manager ablation")
+        ablation = run_ablation(cfg, cost, str(resolve(STEADY_WORKLOAD)), STEADY_RATES)
+    log("speed benchmark")
+    bench = run_bench(cfg, cost, TRACES["conversation"])
+    rep = Report(cfg, cost, rate_runs, phase, ablation, bench)
+    rep.wall_s = time.perf_counter() - t0
+    rep.meta = {
+        "date": dt.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, Python {platform.python_version()}",
+        "command": "python -m vertumnus.sim.report --out " + str(args.out) + (" --quick" if args.quick else ""),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(rep, img, out.parent))
+    log(f"wrote {out} ({rep.wall_s:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
