@@ -19,8 +19,9 @@ Three implementations of :data:`ChunkAttention`, picked once at construction (:f
   computed, which matters for the CP speed-up (CPU SDPA does not skip fully masked tiles).
 - ``causal_lr`` (CUDA default): SDPA with ``causal_lower_right`` (the fused kernels skip masked tiles).
 
-GQA: query head h uses KV head h // G (HF layout). For unmasked parts the G query heads of one KV head are
-folded into the sequence axis (``[Hkv, G·s, D]``), so K and V are never copied per query head.
+GQA: query head h uses KV head h // G (HF layout). For the unmasked context block the G query heads of one KV
+head are folded into the sequence axis (``[Hkv, G·s, D]``), so the long K and V are never copied per query
+head; ``mask`` passes ``enable_gqa``.
 """
 
 from __future__ import annotations
@@ -63,11 +64,8 @@ def _fold(q: torch.Tensor, hkv: int) -> torch.Tensor:
 
 
 def attend_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    h, s, d = q.shape
-    hkv, t, _ = k.shape
-    mask = bottom_right_mask(s, t, q.device).repeat(h // hkv, 1)  # rows follow the folded (g, i) order
-    out = F.scaled_dot_product_attention(_fold(q, hkv)[None], k[None], v[None], attn_mask=mask)
-    return out[0].reshape(h, s, d)
+    mask = bottom_right_mask(q.shape[1], k.shape[1], q.device)  # [s, ctx + s], shared by all heads
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, enable_gqa=True)[0]
 
 
 def attend_flash_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
