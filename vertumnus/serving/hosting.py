@@ -31,7 +31,7 @@ class RayHosting:
     """The cluster this server runs on and the per-node placement groups of the prefill pool."""
 
     use_gpu: bool
-    owns_cluster: bool
+    owns_cluster: bool  # this process started a local cluster (and stops it on close)
     temp_dir: str | None
     gcs_address: str = ""
     node_groups: list[PlacementGroup] = field(default_factory=list)
@@ -62,7 +62,8 @@ def start_hosting(cfg: VertumnusConfig, address: str | None = None, timeout_s: f
     address = address or os.environ.get("RAY_ADDRESS") or None
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     temp_dir: str | None = None
-    if not ray.is_initialized():
+    started = False
+    if not ray.is_initialized():  # already initialised: inside a Ray actor (e.g. a Ray Serve replica)
         if address:
             ray.init(address=address, namespace="vertumnus", log_to_driver=False)
         else:
@@ -76,11 +77,12 @@ def start_hosting(cfg: VertumnusConfig, address: str | None = None, timeout_s: f
                 log_to_driver=False,
                 configure_logging=False,
             )
+            started = True
             log.info("local Ray cluster started; logs under %s", temp_dir)
     resources = ray.cluster_resources()
     use_gpu = _want_gpu(cfg.serving.device, float(resources.get("GPU", 0.0)))
     gcs = ray.get_runtime_context().gcs_address
-    hosting = RayHosting(use_gpu, owns_cluster=address is None, temp_dir=temp_dir, gcs_address=gcs)
+    hosting = RayHosting(use_gpu, owns_cluster=started, temp_dir=temp_dir, gcs_address=gcs)
     bundle = {"GPU": 1.0, "CPU": 1.0} if use_gpu else {"CPU": 1.0}
     need = cfg.pool.total_gpus
     if not use_gpu and cfg.serving.cpu_slots != need:

@@ -4,7 +4,8 @@ Engine factory (``pool.engine``):
 
 - ``torch``: :class:`~vertumnus.serving.ray_data_plane.RayDataPlane` — one Ray rank actor per GPU / CPU slot
   hosting the CP engine's rank worker;
-- ``vllm``: ``vertumnus.engines.vllm.serving.build_data_plane(cfg, hosting, clock)`` (the vLLM engine's seam);
+- ``vllm``: ``vertumnus.engines.vllm.serving.build_data_plane(cfg, hosting, clock)`` (the vLLM engine's seam;
+  its decode side: ``build_decode(cfg, hosting)``);
 - ``sim`` is the simulator's virtual-clock engine and cannot serve.
 
 Decode: ``serving.decode_url`` set → :class:`~vertumnus.serving.external_decode.ExternalDecode`; otherwise the
@@ -19,6 +20,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 
@@ -41,31 +43,37 @@ def make_data_plane(cfg: VertumnusConfig, hosting: RayHosting, clock: Callable[[
 
         return RayDataPlane(cfg, hosting, clock)
     if engine == "vllm":
-        try:
-            mod = importlib.import_module("vertumnus.engines.vllm.serving")
-        except ImportError as e:
-            raise ValueError(f"pool.engine 'vllm' is not available here: {e}") from None
-        return mod.build_data_plane(cfg, hosting, clock)  # type: ignore[no-any-return]
+        return _vllm_seam().build_data_plane(cfg, hosting, clock)  # type: ignore[no-any-return]
     raise ValueError(f"pool.engine {engine!r} cannot serve (it is the simulator's engine); use 'torch' or 'vllm'")
 
 
 def make_decode(cfg: VertumnusConfig, hosting: RayHosting) -> DecodeBackend:
-    """External endpoint when ``serving.decode_url`` is set, else the embedded decode actors."""
+    """External endpoint when ``serving.decode_url`` is set; else the engine's embedded decode: the reference
+    model's decode actors (torch) or ``vertumnus.engines.vllm.serving.build_decode(cfg, hosting)`` (vllm)."""
     if cfg.serving.decode_url:
         from vertumnus.serving.external_decode import ExternalDecode
 
         return ExternalDecode(cfg.serving.decode_url, cfg.model.name)
+    if cfg.pool.engine == "vllm":
+        return _vllm_seam().build_decode(cfg, hosting)  # type: ignore[no-any-return]
+    if cfg.serving.decode_actors < 1:
+        raise ValueError("set serving.decode_url or serving.decode_actors ≥ 1: requests need a decode side")
     from vertumnus.serving.decode_pool import EmbeddedDecode
 
     return EmbeddedDecode(cfg.model, cfg.serving.decode_actors, hosting.use_gpu)
+
+
+def _vllm_seam() -> Any:
+    try:
+        return importlib.import_module("vertumnus.engines.vllm.serving")
+    except ImportError as e:
+        raise ValueError(f"pool.engine 'vllm' is not available here: {e}") from None
 
 
 def build_runtime(cfg: VertumnusConfig, address: str | None = None) -> tuple[ServingRuntime, RayHosting]:
     """Start / join Ray, then assemble pool + engine + decode (nothing runs until ``runtime.start()``)."""
     if cfg.pool.engine == "sim":
         raise ValueError("pool.engine 'sim' is the simulator's virtual-clock engine; serve with 'torch' or 'vllm'")
-    if not cfg.serving.decode_url and cfg.serving.decode_actors < 1:
-        raise ValueError("set serving.decode_url or serving.decode_actors ≥ 1: requests need a decode side")
     cost = CostModel.from_file(cfg.resolve_path(cfg.cost_model.profile))
     hosting = start_hosting(cfg, address, cfg.serving.startup_timeout_s)
     try:

@@ -45,7 +45,8 @@ class RankSet:
         self.actors: dict[int, Any] = {}
         self.alive: dict[int, bool] = {}
         self.generation = -1
-        self.host = ray.util.get_node_ip_address() if not hosting.owns_cluster else "127.0.0.1"
+        # the rendezvous store lives in this process: loopback on a local cluster, the node address otherwise
+        self.host = "127.0.0.1" if hosting.owns_cluster else ray.util.get_node_ip_address()
         self.store = dist.TCPStore(
             self.host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
         )
