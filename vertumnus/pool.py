@@ -7,6 +7,10 @@ Nothing schedulable (all draining / not yet acked / KV full) → the request wai
 when a worker becomes ACTIVE or frees capacity. Completion (``prefill_done``) releases the reservation and the
 pin and reports to listeners exactly once.
 
+Identities: ``Placement.epoch`` is the epoch the chosen worker was activated under (engines may reject jobs
+of another epoch); ``epoch_ack``'s ``rank`` may be any identifier unique within the worker (node-local or
+global rank) — a worker activates once ``degree`` distinct ranks acked the epoch it waits for.
+
 Threading: the pool does no locking. Callers serialise every call — the simulator runs one event loop, the
 server holds one lock / one asyncio loop around submit, on_timer, reconfigure, snapshot and all EngineEvents
 callbacks.
@@ -147,9 +151,13 @@ class PrefillPool:
         if reuse > 0:
             self.cache.pin(wid, keys, reuse)
             self._pins[request.request_id] = (wid, keys, reuse)
+        try:
+            self.data_plane.submit(wid, PrefillJob(request, placement, op, reuse))
+        except BaseException:
+            self._unplace(request.request_id, cancel_reconcile=True)  # nothing stays reserved for it
+            raise
         if first:
             self.controller.observe(placement.predicted_s, request.input_len)
-        self.data_plane.submit(wid, PrefillJob(request, placement, op, reuse))
         return placement
 
     def _unplace(self, request_id: str, cancel_reconcile: bool) -> None:

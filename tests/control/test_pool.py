@@ -356,3 +356,18 @@ def test_pending_prefix_after_split_is_reconciled_at_first_reuse() -> None:
     rig.pool.cache_report(CacheReport(1, CacheReportKind.STORED, keys[4:], keys[3], op_id=op.op_id))
     assert rig.done.ops == [(op.op_id, True)]
     assert rig.pool.cache.match(keys).held_blocks[1] == 8
+
+
+def test_a_data_plane_refusing_a_job_leaves_nothing_reserved() -> None:
+    rig = Rig("2xCP8")
+    rig.ack_all()
+
+    def refuse(worker_id: int, job: PrefillJob) -> None:
+        raise RuntimeError("engine unreachable")
+
+    rig.plane.submit = refuse  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="unreachable"):
+        rig.pool.submit(req("a", 4096, list(range(8))))
+    snap = rig.pool.snapshot()
+    assert snap.inflight == 0 and snap.backlog == 0 and rig.snap(0).queue_s == 0.0
+    assert rig.snap(0).free_kv_blocks == 8 * 2048
