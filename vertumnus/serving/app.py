@@ -32,7 +32,7 @@ from vertumnus.serving.errors import APIError, install_error_handlers
 from vertumnus.serving.openai_api import OpenAIHandlers, parse_body
 from vertumnus.serving.runtime import ServingRuntime
 from vertumnus.serving.schemas import ModelCard, ModelList, ReconfigureRequest
-from vertumnus.serving.tokenizer import ByteTokenizer
+from vertumnus.serving.tokenizer import make_tokenizer
 from vertumnus.types import ReconfigKind, ReconfigPlan
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -60,7 +60,7 @@ def create_app(
     app = FastAPI(title="Vertumnus", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     cfg = runtime.cfg
-    handlers = OpenAIHandlers(runtime, ByteTokenizer(cfg.model.vocab_size))
+    handlers = OpenAIHandlers(runtime, make_tokenizer(cfg.serving.tokenizer, cfg.model.vocab_size))
     # plain Starlette routes: the handlers parse their own bodies, so FastAPI's dependency solving and response
     # validation would only add per-request cost on the hot path
     app.add_route("/v1/completions", handlers.completions, methods=["POST"])

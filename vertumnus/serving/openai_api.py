@@ -30,7 +30,7 @@ from vertumnus.serving.schemas import (
     Usage,
     _SamplingFields,
 )
-from vertumnus.serving.tokenizer import END, EOS, ByteTokenizer, ChatTurn, TextStream
+from vertumnus.serving.tokenizer import ChatTurn, TextStream, Tokenizer
 
 B = TypeVar("B", bound=BaseModel)
 S = TypeVar("S", bound=_SamplingFields)
@@ -53,7 +53,7 @@ async def parse_body(raw: Request, model: type[B]) -> B:
 class OpenAIHandlers:
     """The two generation endpoints over one :class:`ServingRuntime`."""
 
-    def __init__(self, runtime: ServingRuntime, tokenizer: ByteTokenizer) -> None:
+    def __init__(self, runtime: ServingRuntime, tokenizer: Tokenizer) -> None:
         self.rt = runtime
         self.tok = tokenizer
         self.model_name = runtime.cfg.model.name
@@ -73,7 +73,7 @@ class OpenAIHandlers:
             except ValueError as e:
                 self.rt.metrics.requests.labels("invalid").inc()
                 raise APIError(400, str(e), param="prompt", code="invalid_token_ids") from None
-        return await self._run(body, ids, frozenset({EOS}), "cmpl", arrival, chat=False)
+        return await self._run(body, ids, self.tok.eos_ids, "cmpl", arrival, chat=False)
 
     async def chat(self, raw: Request) -> Any:
         arrival = self.rt.clock()
@@ -81,7 +81,7 @@ class OpenAIHandlers:
         ids = self.tok.apply_chat_template([ChatTurn(m.role, m.text()) for m in body.messages])
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        return await self._run(body, ids, frozenset({EOS, END}), "chatcmpl", arrival, chat=True)
+        return await self._run(body, ids, self.tok.chat_end_ids, "chatcmpl", arrival, chat=True)
 
     # -- shared ---------------------------------------------------------------------------------------------
     async def _parse(self, raw: Request, model: type[S]) -> S:

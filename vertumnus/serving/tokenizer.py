@@ -23,6 +23,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -39,10 +40,38 @@ class ChatTurn:
     content: str
 
 
+class Tokenizer(Protocol):
+    """What the front end needs from a tokenizer (byte-level here, or :mod:`vertumnus.serving.hf_tokenizer`)."""
+
+    vocab_size: int
+    eos_ids: frozenset[int]  # ids that end a completion
+    chat_end_ids: frozenset[int]  # ids that end an assistant turn
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]: ...
+
+    def apply_chat_template(self, turns: Sequence[ChatTurn]) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def check_ids(self, ids: Sequence[int]) -> None: ...
+
+
+def make_tokenizer(path: str | None, vocab_size: int) -> Tokenizer:
+    """The server's tokenizer: a Hugging Face tokenizer directory when ``path`` is set (real models), else the
+    byte-level tokenizer of the tiny reference model."""
+    if path:
+        from vertumnus.serving.hf_tokenizer import HFTokenizer
+
+        return HFTokenizer(path)
+    return ByteTokenizer(vocab_size)
+
+
 class ByteTokenizer:
     """UTF-8 bytes as token ids, plus the special ids in the module docstring."""
 
     __slots__ = ("_byte_table", "vocab_size")
+    eos_ids = frozenset({EOS})
+    chat_end_ids = frozenset({EOS, END})
 
     def __init__(self, vocab_size: int) -> None:
         if vocab_size < NUM_BASE_IDS:
@@ -95,24 +124,39 @@ class TextStream:
     ``feed(ids)`` returns the text that may be emitted now. Invariant: the emitted text never contains a stop
     string nor anything after the first one, and at most ``max(len(stop)) - 1`` decoded characters are held back
     (they could be the beginning of a stop string); ``flush()`` releases them when generation ends otherwise.
+    Byte-level tokenizers decode incrementally (bytes → UTF-8 decoder); others re-decode the generated ids and
+    take the new suffix, holding back a trailing U+FFFD (a character whose bytes are not all generated yet).
     """
 
-    __slots__ = ("_decoder", "_held", "_hold", "_stops", "_tok", "stopped", "text")
+    __slots__ = ("_decoder", "_done", "_held", "_hold", "_ids", "_stops", "_tok", "stopped", "text")
 
-    def __init__(self, tokenizer: ByteTokenizer, stop: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = ()) -> None:
         self._tok = tokenizer
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stops = tuple(s for s in stop if s)
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self._held = ""
+        self._ids: list[int] = []
+        self._done = ""  # generic path: decoded text already passed on (to _held or out)
         self.text = ""  # everything emitted so far
         self.stopped = False  # a stop string was found
+
+    def _new_text(self, ids: Sequence[int], final: bool) -> str:
+        if isinstance(self._tok, ByteTokenizer):
+            return self._decoder.decode(self._tok.decode_bytes(ids), final=final)
+        self._ids.extend(ids)
+        full = self._tok.decode(self._ids)
+        if not final and full.endswith("\ufffd"):
+            full = full.rstrip("\ufffd")
+        new = full[len(self._done) :] if full.startswith(self._done) else ""
+        self._done += new
+        return new
 
     def feed(self, ids: Sequence[int]) -> str:
         """Decode ``ids``; return newly emittable text (empty once a stop string was found)."""
         if self.stopped:
             return ""
-        pending = self._held + self._decoder.decode(self._tok.decode_bytes(ids))
+        pending = self._held + self._new_text(ids, final=False)
         if self._stops:
             cut = min((i for i in (pending.find(s) for s in self._stops) if i >= 0), default=-1)
             if cut >= 0:
@@ -127,7 +171,7 @@ class TextStream:
         """End of generation: emit held-back text and any incomplete UTF-8 tail (as U+FFFD)."""
         if self.stopped:
             return ""
-        rest = self._held + self._decoder.decode(b"", final=True)
+        rest = self._held + self._new_text((), final=True)
         self._held = ""
         return self._emit(rest)
 
