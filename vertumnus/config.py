@@ -196,6 +196,11 @@ class ServingConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Rank device: auto = one GPU per rank when the Ray cluster has GPUs, else CPU slots."
     )
+    tokenizer: str | None = Field(
+        None,
+        description="Hugging Face tokenizer directory for real models (local files only); empty: the byte-level "
+        "tokenizer of the tiny reference model (vertumnus/serving/tokenizer.py).",
+    )
 
 
 class VllmConfig(_Section):
