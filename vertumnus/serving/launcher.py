@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import socket
 import sys
 import time
@@ -74,6 +75,9 @@ def build_runtime(cfg: VertumnusConfig, address: str | None = None) -> tuple[Ser
     """Start / join Ray, then assemble pool + engine + decode (nothing runs until ``runtime.start()``)."""
     if cfg.pool.engine == "sim":
         raise ValueError("pool.engine 'sim' is the simulator's virtual-clock engine; serve with 'torch' or 'vllm'")
+    token = os.environ.get("VERTUMNUS_ADMIN_TOKEN")
+    if token:  # e.g. from a Kubernetes Secret; overrides serving.admin_token
+        cfg.serving.admin_token = token
     cost = CostModel.from_file(cfg.resolve_path(cfg.cost_model.profile))
     hosting = start_hosting(cfg, address, cfg.serving.startup_timeout_s)
     try:

@@ -154,6 +154,8 @@ class ServingMetrics:
         self.cache_op_failures = Counter(
             "vertumnus_cache_op_failures", "Failed cache operations by kind.", ["kind"], registry=reg
         )
+        for d in degrees:
+            self.prefill.labels(str(d))
         for op in ("split", "merge"):
             self.reconfigs.labels(op)
         for stage in ("drain", "switch"):
