@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import os
 import threading
+import traceback
 from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
+from vertumnus.engines.torch import messages as m
 from vertumnus.engines.torch.messages import Command, RankSpec, Shutdown
+from vertumnus.engines.torch.rank_worker import RankWorker
 from vertumnus.types import WorkerGroup
 
 # Imported once by the forkserver; every rank is forked with these already loaded.
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "vertumnus.engines.torch.rank_worker"]
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "vertumnus.engines.torch.launcher"]
 
 
 def _entry(
@@ -33,8 +36,6 @@ def _entry(
     reply_q: Any,
     driver_pid: int,
 ) -> None:
-    from vertumnus.engines.torch.rank_worker import rank_main
-
     _exit_with_driver(driver_pid)
     rank_main(spec, host, port, generation, group, epoch, cmd_q, reply_q)
 
@@ -51,6 +52,44 @@ def _exit_with_driver(driver_pid: int) -> None:
                 os._exit(1)
 
     threading.Thread(target=watch, name="driver-watch", daemon=True).start()
+
+
+def rank_main(
+    spec: m.RankSpec,
+    host: str,
+    port: int,
+    generation: int,
+    group: WorkerGroup | None,
+    epoch: int,
+    cmd_q: Any,
+    reply_q: Any,
+) -> None:
+    """Process entry point: build the rank, join the world, take ``group``, then run commands until Shutdown.
+
+    Any exception is reported as :class:`RankFailed` and ends the process (its groups are unusable anyway).
+    """
+    worker_id = group.worker_id if group else None
+    try:
+        w = RankWorker(spec)
+        w.connect(host, port, generation)
+        reply_q.put(m.Ready(spec.rank, generation, os.getpid()))
+        if group is not None:  # a restarted worker (generation > 0) also reports its empty cache
+            for r in w.step(m.Assign(group, epoch)) if generation > 0 else w.assign(group, epoch):
+                reply_q.put(r)
+        while True:
+            cmd = cmd_q.get()
+            if isinstance(cmd, m.Shutdown):
+                break
+            worker_id = w.group.worker_id if w.group else None
+            for r in w.step(cmd):
+                if isinstance(r, m.PrefillDone) and w.device.type != "cpu":  # host memory crosses processes
+                    r.logits = None if r.logits is None else r.logits.cpu()
+                    r.kv = None if r.kv is None else r.kv.cpu()
+                reply_q.put(r)
+        dist.destroy_process_group()
+    except BaseException:
+        reply_q.put(m.RankFailed(spec.rank, worker_id, traceback.format_exc(limit=8)))
+        raise SystemExit(1) from None
 
 
 class RankProcesses:

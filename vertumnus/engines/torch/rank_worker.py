@@ -8,8 +8,9 @@ Usable without Ray or the data plane::
     replies = w.assign(group, epoch)               # becomes a rank of `group` (EpochAck)
     replies = w.step(RunPrefill(...))              # one command = one engine step
 
-A Ray actor hosts exactly this object and forwards ``step`` calls; :func:`rank_main` is the process loop used
-by :class:`~vertumnus.engines.torch.data_plane.TorchDataPlane`.
+A Ray actor hosts exactly this object and forwards ``step`` calls;
+:func:`vertumnus.engines.torch.launcher.rank_main` is the process loop used by
+:class:`~vertumnus.engines.torch.data_plane.TorchDataPlane`.
 
 Group creation order (identical on every rank, required by ``dist.new_group``): for each node, for each
 degree > 1 ascending, for each aligned block j of that degree: ranks [j·C, (j+1)·C) of the node.
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 from datetime import timedelta
 from typing import Any
 
@@ -270,38 +270,3 @@ class RankWorker:
             keys = tuple(dict.fromkeys([*cmd.keys, *removed]))
             reports.append(CacheReport(g.worker_id, CacheReportKind.REMOVED, keys, op_id=cmd.op_id))
         return [m.OpDone(cmd.op_id, g.worker_id, self.comm.rank, reports)]
-
-
-def rank_main(
-    spec: m.RankSpec,
-    host: str,
-    port: int,
-    generation: int,
-    group: WorkerGroup | None,
-    epoch: int,
-    cmd_q: Any,
-    reply_q: Any,
-) -> None:
-    """Process entry point: build the rank, join the world, take ``group``, then run commands until Shutdown.
-
-    Any exception is reported as :class:`RankFailed` and ends the process (its groups are unusable anyway).
-    """
-    worker_id = group.worker_id if group else None
-    try:
-        w = RankWorker(spec)
-        w.connect(host, port, generation)
-        reply_q.put(m.Ready(spec.rank, generation, os.getpid()))
-        if group is not None:  # a restarted worker (generation > 0) also reports its empty cache
-            for r in w.step(m.Assign(group, epoch)) if generation > 0 else w.assign(group, epoch):
-                reply_q.put(r)
-        while True:
-            cmd = cmd_q.get()
-            if isinstance(cmd, m.Shutdown):
-                break
-            worker_id = w.group.worker_id if w.group else None
-            for r in w.step(cmd):
-                reply_q.put(r)
-        dist.destroy_process_group()
-    except BaseException:
-        reply_q.put(m.RankFailed(spec.rank, worker_id, traceback.format_exc(limit=8)))
-        raise SystemExit(1) from None
