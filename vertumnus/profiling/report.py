@@ -78,7 +78,7 @@ def explain_bad_fit(profile: CostProfile, rows: Sequence[Measurement], max_mape:
         worst_region = f"worst region {bad[0].region} (MAPE {bad[0].mape:.1%} over {bad[0].samples} samples)"
         others = ", ".join(f"{r.region} {r.mape:.1%}" for r in bad[1:])
         lines.append(
-            f"degree {c}: MAPE {prof.mape:.1%} > {max_mape:.1%}; {worst_region}"
+            f"degree {c}: MAPE {prof.mape:.2%} > {max_mape:.2%}; {worst_region}"
             + (f"; other regions: {others}" if others else "")
             + f"; worst sample L={w.point.length} P={w.point.p}: measured {w.seconds:.4g} s, "
             f"predicted {model.predict(c, w.point.r, w.point.p):.4g} s"
