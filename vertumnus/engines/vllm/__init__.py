@@ -1,0 +1,9 @@
+"""The vLLM worker backend (``pool.engine: vllm``): one vLLM engine per CP worker, KV events into the trie,
+P/D hand-off through KV connectors. See docs/vllm.md.
+
+Modules: ``hashing`` (vLLM block hashes outside vLLM), ``events`` / ``subscriber`` (KV-event feed),
+``blockmap`` (engine blocks → trie blocks), ``engine_args`` / ``placement`` / ``actor`` / ``worker`` (engines on
+Ray), ``data_plane`` / ``ops`` (the DataPlane and cache ops), ``decode`` (embedded decode engine), ``serving``
+(factories used by the server), ``profile`` (queue-free timing for ``vertumnus profile --engine vllm``).
+Importing this package does not import vLLM; the engine actors do.
+"""
