@@ -91,6 +91,7 @@ def test_fifty_concurrent_requests_with_shared_prefixes(server: Any) -> None:
         cached += r.usage.prompt_tokens_details.cached_tokens
         timing = server.get(f"/v1/requests/{r.id}")
         assert timing["outcome"] == "ok" and timing["placements"] == 1
+        assert timing["user"] in {f"user-{k}" for k in range(7)} | {None}
         assert timing["cached_tokens"] == r.usage.prompt_tokens_details.cached_tokens
         t = timing["timing_s"]
         assert 0 <= t["queue"] <= t["ttft"] and t["prefill"] > 0 and t["handoff"] >= 0
@@ -310,3 +311,49 @@ def test_client_disconnect_mid_stream_frees_its_resources(server: Any) -> None:
     assert pool["decode"]["active"] == 0 and pool["inflight"] == 0
     assert 0 < timing["completion_tokens"] < 4000
     assert server.metric("vertumnus_requests_total", 'outcome="cancelled"') >= 1
+
+
+def test_ttft_slo_extension_drives_token_weighted_attainment(server: Any) -> None:
+    tok = tokenizer(server.cfg.model)
+    prompt = "slo accounting " * 10
+    n = len(tok.encode(prompt))
+    attained0 = server.metric("vertumnus_slo_attained_tokens_total")
+    total0 = server.metric("vertumnus_slo_tokens_total")
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    missed = c.completions.create(
+        model="vertumnus-tiny", prompt=prompt, max_tokens=1, extra_body={"ttft_slo_ms": 0.001}
+    )
+    assert server.get(f"/v1/requests/{missed.id}")["slo_s"] == 1e-6
+    assert server.metric("vertumnus_slo_tokens_total") - total0 == n
+    assert server.metric("vertumnus_slo_attained_tokens_total") == attained0
+    c.completions.create(model="vertumnus-tiny", prompt=prompt, max_tokens=1, extra_body={"ttft_slo_ms": 600000})
+    assert server.metric("vertumnus_slo_tokens_total") - total0 == 2 * n
+    assert server.metric("vertumnus_slo_attained_tokens_total") - attained0 == n
+
+
+def test_external_decode_backend_against_an_openai_endpoint(server: Any) -> None:
+    """serving.decode_url's backend, pointed at this server as the external decode endpoint."""
+    from vertumnus.serving.external_decode import ExternalDecode
+    from vertumnus.serving.handoff import DecodeRequest, Handoff
+
+    cfg = server.cfg.model
+    ids = tokenizer(cfg).encode("decode me elsewhere")
+
+    async def run() -> tuple[list[int], str | None, dict[str, Any]]:
+        backend = ExternalDecode(server.url, "vertumnus-tiny")
+        await backend.start()
+        got: list[int] = []
+        reason = None
+        req = DecodeRequest(Handoff("ext-1", ids), SamplingParams(max_tokens=9, temperature=0.0), frozenset({EOS}))
+        async for chunk in backend.stream(req):
+            got.extend(chunk.token_ids)
+            reason = chunk.finish_reason or reason
+        stats = await backend.stats()
+        await backend.close()
+        return got, reason, stats
+
+    got, reason, stats = asyncio.run(run())
+    want = generate(cfg, ids, 9, [EOS])
+    assert got == want
+    assert reason == ("stop" if want[-1] == EOS else "length")
+    assert stats == {"backend": "external", "url": server.url, "active": 0}

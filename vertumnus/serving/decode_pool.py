@@ -94,11 +94,13 @@ class EmbeddedDecode:
         self._load: list[int] = []
         self._where: dict[str, int] = {}
 
-    async def start(self) -> None:
-        cls = ray.remote(DecodeActor)
+    def _spawn(self) -> Any:
         opts: dict[str, Any] = {"num_cpus": 1, "num_gpus": 1 if self.use_gpu else 0, "max_concurrency": 1000}
         device = "cuda" if self.use_gpu else "cpu"
-        self.actors = [cls.options(**opts).remote(self.model_cfg.model_dump(), device) for _ in range(self.n)]
+        return ray.remote(DecodeActor).options(**opts).remote(self.model_cfg.model_dump(), device)
+
+    async def start(self) -> None:
+        self.actors = [self._spawn() for _ in range(self.n)]
         self._load = [0] * self.n
         await asyncio.gather(*(a.ready.remote() for a in self.actors))
 
@@ -109,17 +111,24 @@ class EmbeddedDecode:
         i = min(range(self.n), key=self._load.__getitem__)
         self._load[i] += 1
         self._where[rid] = i
+        actor = self.actors[i]
+        finished = False
         try:
-            gen = (
-                self.actors[i]
-                .generate.options(num_returns="streaming")
-                .remote(rid, req.handoff.kv, req.params, req.eos_ids)
-            )
+            gen = actor.generate.options(num_returns="streaming").remote(rid, req.handoff.kv, req.params, req.eos_ids)
             async for ref in gen:
-                yield await ref
+                chunk: DecodeChunk = await ref
+                finished = chunk.finish_reason is not None
+                yield chunk
+        except ray.exceptions.RayActorError:
+            if self.actors[i] is actor:  # replace a dead decode actor once; this request fails, later ones go on
+                log.warning("decode actor %d died; starting a new one", i)
+                self.actors[i] = self._spawn()
+            raise
         finally:
             self._load[i] -= 1
             self._where.pop(rid, None)
+            if not finished:  # closed early (client gone, stop string): free the sequence's KV now
+                actor.abort.remote(rid)
 
     async def abort(self, request_id: str) -> None:
         i = self._where.get(request_id)

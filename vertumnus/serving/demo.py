@@ -155,8 +155,8 @@ def _ms(x: float | None) -> str:
 
 
 def print_report(reqs: list[DemoRequest], pool: dict[str, Any], console: Console) -> None:
-    t = Table(title="Requests (server-side timing, ms)")
-    for col in ("#", "kind", "prompt tok", "cached tok", "worker", "queue", "prefill", "hand-off", "TTFT"):
+    t = Table(title="Requests (server-side timing, ms; * = streamed)")
+    for col in ("#", "kind", "prompt", "cached", "worker", "queue", "prefill", "hand-off", "TTFT"):
         t.add_column(col, justify="right" if col not in ("kind", "worker") else "left")
     for i, r in enumerate(reqs):
         tm = (r.timing or {}).get("timing_s", {})
@@ -166,7 +166,7 @@ def print_report(reqs: list[DemoRequest], pool: dict[str, Any], console: Console
             continue
         t.add_row(
             str(i),
-            r.kind + (" (stream)" if r.stream else ""),
+            r.kind + ("*" if r.stream else ""),
             str(r.prompt_tokens),
             str(r.cached),
             worker,

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.background import BackgroundTask
 
 from vertumnus.serving.errors import APIError
 from vertumnus.serving.runtime import ServingRuntime, Submission
@@ -133,6 +134,7 @@ class OpenAIHandlers:
                 _sse(gen, fmt, include_usage, body.return_token_ids),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
+                background=BackgroundTask(gen.close),
             )
         text, token_ids, reason = await gen.collect()
         usage = Usage(
@@ -165,7 +167,9 @@ class OpenAIHandlers:
 
 
 class _Generation:
-    """One request's decode stream turned into text deltas, with stop strings; releases its admission slot."""
+    """One request's decode stream turned into text deltas, with stop strings. Owns the request's admission
+    slot: :meth:`close` gives it back exactly once — after the stream ended, or (streaming responses) as the
+    response's background task, which also covers a client that left before the stream started."""
 
     def __init__(
         self, rt: ServingRuntime, sub: Submission, params: SamplingParams, eos: frozenset[int], text: TextStream
@@ -173,9 +177,12 @@ class _Generation:
         self.rt, self.sub, self.params, self.eos, self.text = rt, sub, params, eos, text
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
+        self._started = False
+        self._closed = False
 
     async def deltas(self) -> AsyncIterator[tuple[str, list[int]]]:
         """(text delta, new token ids) pairs; sets ``finish_reason`` before the iteration ends."""
+        self._started = True
         stream = self.rt.stream(self.sub, self.params, self.eos)
         try:
             async for chunk in stream:
@@ -192,7 +199,16 @@ class _Generation:
                 yield delta, chunk.token_ids
         finally:
             await stream.aclose()
-            self.rt.release()
+            self.close()
+
+    def close(self) -> None:
+        """Release the admission slot (idempotent); a stream that never started counts as cancelled."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._started:
+            self.rt.cancel_unstarted(self.sub)
+        self.rt.release()
 
     async def collect(self) -> tuple[str, list[int], str | None]:
         async for _ in self.deltas():

@@ -239,6 +239,15 @@ class ServingRuntime:
                 if in_decode:
                     self._spawn(self.decode.abort(request_id))
 
+    def cancel_unstarted(self, sub: Submission) -> None:
+        """The client left before its stream was ever consumed: cancel (the hand-off is dropped on arrival)."""
+        tl = sub.timeline
+        if tl.outcome == "running":
+            tl.outcome = "cancelled"
+            tl.finished_s = self.clock()
+            self.metrics.requests.labels("cancelled").inc()
+        sub.cancelled = True
+
     def finish_early(self, sub: Submission, reason: str) -> None:
         """The caller stopped on a stop string before the decode side did: count it as a normal finish; the
         caller then closes the stream, which aborts decode."""
