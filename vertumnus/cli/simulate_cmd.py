@@ -156,9 +156,11 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             r = run_policy(wl.requests, cfg, cost, policy)
             s = r.summary
             eps = s.get("events_per_s") or 0.0
+            cpu = s.get("sim_cpu_s") or 0.0
             typer.echo(
                 f"run {i + 1}: {policy} on {wl.name}: {s['requests']} requests, {s.get('events', 0)} events, "
-                f"{s['sim_wall_s']:.2f} s wall, {eps:,.0f} events/s, simulated {s.get('sim_time_s', 0):.0f} s"
+                f"{s['sim_wall_s']:.2f} s wall ({cpu:.2f} s CPU), {eps:,.0f} events/s wall, "
+                f"{s.get('events', 0) / max(cpu, 1e-9):,.0f} events/CPU-s, simulated {s.get('sim_time_s', 0):.0f} s"
             )
         typer.echo(json.dumps({k: r.summary.get(k) for k in ("mean_ttft_s", "p90_ttft_s", "reconfigurations")}))
 

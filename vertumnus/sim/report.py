@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import platform
 import sys
 import time
@@ -149,7 +150,7 @@ def run_bench(cfg: VertumnusConfig, cost: CostModel, path: str, repeat: int = 3)
         s = run_policy(wl.requests, cfg, cost, "vertumnus").summary
         if not best or s["sim_wall_s"] < best["wall_s"]:
             best = {"requests": s["requests"], "events": s["events"], "wall_s": s["sim_wall_s"],
-                    "events_per_s": s["events_per_s"]}  # fmt: skip
+                    "cpu_s": s["sim_cpu_s"], "events_per_s": s["events_per_s"]}  # fmt: skip
     return best
 
 
@@ -179,12 +180,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         log("cache-manager ablation")
         ablation = run_ablation(cfg, cost, str(resolve(STEADY_WORKLOAD)), STEADY_RATES)
     log("speed benchmark")
+    load = os.getloadavg()[0]
     bench = run_bench(cfg, cost, TRACES["conversation"])
     rep = Report(cfg, cost, rate_runs, phase, ablation, bench)
     rep.wall_s = time.perf_counter() - t0
     rep.meta = {
         "date": dt.date.today().isoformat(),
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, Python {platform.python_version()}",
+        "load": f"{load:.1f} on {os.cpu_count()} cores",
         "command": "python -m vertumnus.sim.report --out " + str(args.out) + (" --quick" if args.quick else ""),
     }
     out.parent.mkdir(parents=True, exist_ok=True)

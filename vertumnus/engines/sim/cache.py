@@ -26,7 +26,7 @@ class _Entry:
 class BlockCache:
     """LRU set of blocks with a capacity in blocks; every mutator returns what it evicted / removed."""
 
-    __slots__ = ("_entries", "capacity")
+    __slots__ = ("_children", "_entries", "capacity")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
@@ -34,6 +34,27 @@ class BlockCache:
         self.capacity = capacity
         # Invariant: iteration order = LRU order (front = least recently used); len ≤ capacity.
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        # Invariant: _children[p] = held keys whose parent key is p (p itself need not be held).
+        self._children: dict[int, set[int]] = {}
+
+    def _add(self, key: int, entry: _Entry) -> None:
+        """Insert at the MRU end."""
+        self._entries[key] = entry
+        if entry.parent is not None:
+            self._children.setdefault(entry.parent, set()).add(key)
+
+    def _drop(self, key: int) -> None:
+        e = self._entries.pop(key)
+        if e.parent is not None:
+            sibs = self._children[e.parent]
+            sibs.discard(key)
+            if not sibs:
+                del self._children[e.parent]
+
+    def _evict_lru(self) -> int:
+        key = next(iter(self._entries))
+        self._drop(key)
+        return key
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -88,41 +109,46 @@ class BlockCache:
                 break
         evicted: list[int] = []
         if first_new is not None:
-            self.touch(chain, tick)  # protect held chain blocks: they move to the MRU end
             need = sum(1 for k in chain[first_new:] if k not in entries)
-            # held-chain + new ≤ n ≤ capacity, so the front always has a non-chain victim while over budget.
-            while len(entries) + need > self.capacity:
-                victim, _ = entries.popitem(last=False)
-                evicted.append(victim)
+            if len(entries) + need > self.capacity:
+                self.touch(chain, tick)  # protect the held chain blocks: they move to the MRU end
+                # held-chain + new ≤ n ≤ capacity, so the front holds a non-chain victim while over budget.
+                while len(entries) + need > self.capacity:
+                    evicted.append(self._evict_lru())
             for i in range(n - 1, first_new - 1, -1):  # insert last block first: ancestors end up more recent
                 k = chain[i]
                 if k not in entries:
-                    entries[k] = _Entry(i, chain[i - 1] if i else None, tick)
+                    self._add(k, _Entry(i, chain[i - 1] if i else None, tick))
         self.touch(chain, tick)
         return first_new, evicted
 
     def remove(self, keys: Iterable[int]) -> list[int]:
         """Drop ``keys`` and every held descendant of them; returns what was removed."""
-        entries = self._entries
-        gone = {k for k in keys if k in entries}
-        if not gone:
-            return []
-        changed = True
-        while changed:  # descendants: parent chain reaches a removed key (rare op; scans the cache)
-            changed = False
-            for k, e in entries.items():
-                if k not in gone and e.parent in gone:
-                    gone.add(k)
-                    changed = True
-        removed = [k for k in entries if k in gone]
+        entries, children = self._entries, self._children
+        todo = [k for k in dict.fromkeys(keys) if k in entries]
+        gone: list[int] = []
+        seen = set(todo)
+        while todo:  # held descendants, through held blocks only
+            k = todo.pop()
+            gone.append(k)
+            for c in children.get(k, ()):
+                if c not in seen:
+                    seen.add(c)
+                    todo.append(c)
+        removed = sorted(gone, key=self._lru_rank)  # LRU order: (last use, deeper first)
         for k in removed:
-            del entries[k]
+            self._drop(k)
         return removed
+
+    def _lru_rank(self, key: int) -> tuple[int, int]:
+        e = self._entries[key]
+        return (e.tick, -e.depth)
 
     def clear(self) -> list[int]:
         """Drop everything; returns what was held."""
         out = list(self._entries)
         self._entries.clear()
+        self._children.clear()
         return out
 
     def split(self, degree: int, capacities: tuple[int, int]) -> tuple[BlockCache, BlockCache, list[int], list[int]]:
@@ -134,7 +160,7 @@ class BlockCache:
         half = degree // 2
         lo, hi = BlockCache(capacities[0]), BlockCache(capacities[1])
         for k, e in self._entries.items():  # LRU order preserved in both children
-            (lo if e.depth % degree < half else hi)._entries[k] = _Entry(e.depth, e.parent, e.tick)
+            (lo if e.depth % degree < half else hi)._add(k, _Entry(e.depth, e.parent, e.tick))
         return lo, hi, lo._shrink(), hi._shrink()
 
     @staticmethod
@@ -149,12 +175,11 @@ class BlockCache:
         out = BlockCache(capacity)
         # Sort by tick, deeper blocks first on equal ticks (recency invariant: ancestors never older).
         for k, e in sorted(best.items(), key=lambda kv: (kv[1].tick, -kv[1].depth)):
-            out._entries[k] = _Entry(e.depth, e.parent, e.tick)
+            out._add(k, _Entry(e.depth, e.parent, e.tick))
         return out, out._shrink()
 
     def _shrink(self) -> list[int]:
         evicted: list[int] = []
         while len(self._entries) > self.capacity:
-            victim, _ = self._entries.popitem(last=False)
-            evicted.append(victim)
+            evicted.append(self._evict_lru())
         return evicted

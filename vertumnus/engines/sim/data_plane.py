@@ -13,12 +13,11 @@ on the loop (kind ENGINE), so the pool never sees a callback from inside its own
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from vertumnus.config import VertumnusConfig
 from vertumnus.engines.sim.cache import BlockCache
+from vertumnus.engines.sim.worker import SimStats, SimWorker, reused_tokens
 from vertumnus.interfaces import EngineEvents, PrefillJob
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.sim.events import EventKind, EventLoop
@@ -34,38 +33,6 @@ from vertumnus.types import (
 )
 
 _E = EventKind.ENGINE
-
-
-def reused_tokens(blocks: int, input_len: int, block_tokens: int) -> int:
-    """Prefix tokens reused for ``blocks`` cached leading blocks: at least one token is always computed."""
-    return min(blocks * block_tokens, input_len - 1)
-
-
-@dataclass(slots=True)
-class SimWorker:
-    """One simulated worker: geometry, FCFS queue, at most one running job, physical cache."""
-
-    group: WorkerGroup
-    cache: BlockCache
-    epoch: int
-    queue: deque[PrefillJob] = field(default_factory=deque)
-    running: PrefillJob | None = None
-    start_scheduled: bool = False
-    parking: bool = False  # park requested: start nothing new
-    parked: bool = False
-    retired: bool = False
-
-
-@dataclass(slots=True)
-class SimStats:
-    """Engine-side counters (reported by the simulator next to the pool's)."""
-
-    prefills: int = 0
-    copies: int = 0
-    copied_blocks: int = 0
-    copy_s: float = 0.0
-    evicted_blocks: int = 0
-    failed_ops: int = 0
 
 
 class SimDataPlane:
