@@ -57,12 +57,15 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             f"1 thread per rank, {res['machine']['cpus']} CPUs (load before {res['load_avg_before'][0]}, "
             f"after {res['load_avg_after'][0]})"
         )
-        typer.echo(f"{'degree':>6} {'prefill s':>10} {'rank compute s':>15} {'speed-up':>9}")
+        typer.echo(
+            f"{'degree':>6} {'prefill s':>10} {'rank compute s':>15} {'speed-up':>9} {'rank CPU s':>11} {'CPU x':>6}"
+        )
         for d in sorted(res["prefill_s"], key=int):
-            sp = res["speedup"][d]
+            sp, cs = res["speedup"][d], res["cpu_speedup"][d]
             typer.echo(
                 f"{d:>6} {res['prefill_s'][d]:>10.3f} {res['compute_s'][d]:>15.3f} "
-                f"{'' if sp is None else f'{sp:.2f}x':>9}"
+                f"{'' if sp is None else f'{sp:.2f}x':>9} {res['rank_cpu_s'][d]:>11.3f} "
+                f"{'' if cs is None else f'{cs:.2f}x':>6}"
             )
         for kind in ("split", "merge"):
             if kind in res["switch_s"]:

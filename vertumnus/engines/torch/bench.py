@@ -7,6 +7,10 @@ reuse), then is split (park → activate) down to the next degree; at the end of
 back up. Rounds interleave the degrees so that load from other processes hits them alike; the fastest prefill
 per degree and the slowest park / switch per kind are reported:
 
+- prefill_s / speedup: wall time, dispatch to completion (what the pool sees); compute_s: the slowest rank's
+  step; rank_cpu_s / cpu_speedup: the largest per-rank CPU time of the step (all threads of the rank's
+  process, gloo's included). On a shared machine the wall figures include waiting for a core; the CPU figures
+  do not, and bound the wall speed-up on free cores from above (they miss time spent blocked in collectives);
 - park_s: ``park()`` until ``worker_parked`` (an idle worker: the step-boundary round trip);
 - switch_s: ``activate()`` until every participating rank acknowledged the new epoch (the switch stage).
 """
@@ -146,6 +150,7 @@ def run_cp_bench(
         wid = 1
         times: dict[int, list[float]] = {d: [] for d in degs}
         comp: dict[int, list[float]] = {d: [] for d in degs}
+        cpu: dict[int, list[float]] = {d: [] for d in degs}
         for rnd in range(repeats):  # rounds interleave the degrees, so load drift hits them alike
             for deg in degs:
                 while cur.degree > deg:  # split down to this degree, keep the left half
@@ -165,6 +170,7 @@ def run_cp_bench(
                 out = dp.take_output(rid)
                 times[deg].append(res.finished_s - res.started_s)
                 comp[deg].append(out.compute_s if out is not None else float("nan"))
+                cpu[deg].append(out.cpu_s if out is not None else float("nan"))
                 say(f"CP{deg}: prefill of {tokens} tokens in {times[deg][-1]:.2f} s")
             while others:  # merge back up
                 right = others.pop()
@@ -175,6 +181,7 @@ def run_cp_bench(
                 cur = parent
         prefill_s = {str(d): min(v) for d, v in times.items()}
         compute_s = {str(d): min(v) for d, v in comp.items()}
+        cpu_s = {str(d): min(v) for d, v in cpu.items()}
     base = prefill_s.get("1")
     return {
         "tokens": tokens,
@@ -182,6 +189,8 @@ def run_cp_bench(
         "prefill_s": prefill_s,
         "speedup": {d: (base / s if base else None) for d, s in prefill_s.items()},
         "compute_s": compute_s,
+        "rank_cpu_s": cpu_s,
+        "cpu_speedup": {d: (cpu_s["1"] / s if "1" in cpu_s else None) for d, s in cpu_s.items()},
         "switch_s": {k: max(v) for k, v in switch_s.items() if v},
         "park_s": {k: max(v) for k, v in park_s.items() if v},
         "model": {

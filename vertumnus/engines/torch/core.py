@@ -211,7 +211,13 @@ class DataPlaneCore:
         lead = next(r for r in done if r.rank == 0)
         logits = next(r.logits for r in done if r.logits is not None)
         self._outputs[msg.request_id] = PrefillOutput(
-            msg.request_id, slot.worker_id, lead.cached_tokens, logits, lead.kv, max(r.compute_s for r in done)
+            msg.request_id,
+            slot.worker_id,
+            lead.cached_tokens,
+            logits,
+            lead.kv,
+            max(r.compute_s for r in done),
+            max(r.cpu_s for r in done),
         )
         while len(self._outputs) > self.keep_outputs:
             self._outputs.popitem(last=False)

@@ -141,6 +141,7 @@ class PrefillDone:
     kv: torch.Tensor | None = None  # [layers, 2, Hkv, L, D] from the worker's first rank when asked
     reports: list[CacheReport] = field(default_factory=list)  # from the worker's first rank
     epoch: int = -1  # the rank's epoch: lets the driver drop replies of a failed worker's earlier incarnation
+    cpu_s: float = 0.0  # CPU time of the step in this rank's process (all threads, gloo's included)
 
 
 @dataclass(slots=True)

@@ -151,7 +151,7 @@ class RankWorker:
         return self.comm.rank == 0
 
     def _prefill(self, cmd: m.RunPrefill) -> list[m.Reply]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         g = self._check(cmd.worker_id)
         bt = self.spec.block_tokens
         ids = torch.tensor(cmd.token_ids, dtype=torch.long)
@@ -196,6 +196,7 @@ class RankWorker:
                 kv,
                 reports,
                 self.epoch,
+                time.process_time() - c0,
             )
         ]
 

@@ -21,6 +21,7 @@ class PrefillOutput:
     logits: torch.Tensor  # last-token logits [V], float32
     kv: torch.Tensor | None  # [layers, 2, Hkv, L, D] in sequence order (prefix + computed), if asked for
     compute_s: float  # slowest rank's wall time for the step
+    cpu_s: float = 0.0  # largest per-rank CPU time of the step (insensitive to other load on the machine)
 
 
 @dataclass(slots=True)
