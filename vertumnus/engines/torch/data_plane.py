@@ -9,6 +9,8 @@ Cache blocks are manager blocks (``cache.block_tokens`` tokens), so reports need
 come from the request (or ``keys_from_tokens`` with that block size). Copies between workers (REPLICATE /
 RECONCILE) go source ranks → driver → destination ranks through shared memory, re-partitioned to the
 destination's geometry (block at depth b lands on rank b mod C_dst); same degree is rank-to-corresponding-rank.
+Exports and imports are steps like any other: they run after the step the rank is executing (FIFO), never
+inside it, so a block is never read or dropped while a prefill uses it.
 
 Failure and restart: gloo groups do not survive a member's death, but groups *without* the dead rank keep
 working. A failed worker's ranks are all killed (its KV is gone; the pool drops its holdings). ``restart``
