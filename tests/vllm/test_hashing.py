@@ -55,3 +55,19 @@ def test_engine_blocks_per_block() -> None:
     with pytest.raises(ValueError, match="does not divide"):
         engine_blocks_per_block(100, 32)
     assert group_engine_blocks([1, 2, 3, 4, 5], [10, 20, 30], 2) == [(10, (1, 2)), (20, (3, 4))]
+
+
+def test_vectorised_cbor_equals_cbor2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every CBOR integer width (1, 2, 3, 5, 9 bytes) against cbor2's canonical encoder."""
+    import cbor2
+
+    from vertumnus.engines.vllm.hashing import cbor_uints
+
+    values = np.array([0, 1, 23, 24, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**40, 2**63 - 1], dtype=np.int64)
+    body, offsets = cbor_uints(values)
+    assert body == cbor2.dumps(tuple(values.tolist()), canonical=True)[1:]  # minus the array header
+    assert offsets.tolist() == [0, 1, 2, 3, 5, 7, 10, 13, 18, 23, 32, 41]
+    big = np.random.default_rng(1).integers(0, 2**40, size=64)
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    kcu.init_none_hash(vllm_sha256_cbor)
+    assert VllmBlockHasher(32).hashes(big) == vllm_hashes(big.tolist(), 32)

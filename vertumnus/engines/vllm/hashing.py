@@ -47,6 +47,42 @@ def external_hash(digest: bytes | int) -> int:
     return int.from_bytes(digest, "big") & _LOW64
 
 
+def _array_header(n: int) -> bytes:
+    """Canonical CBOR header of an array of ``n`` items."""
+    if n < 24:
+        return bytes([0x80 | n])
+    if n < 1 << 8:
+        return bytes([0x98, n])
+    if n < 1 << 16:
+        return b"\x99" + n.to_bytes(2, "big")
+    return b"\x9a" + n.to_bytes(4, "big")
+
+
+def cbor_uints(values: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """Canonical CBOR encodings of non-negative ints, concatenated, and each value's start offset — what
+    ``cbor2.dumps(tuple(values), canonical=True)`` writes after the array header, vectorised: shortest form,
+    1 byte below 24, else a 0x18 / 0x19 / 0x1a / 0x1b prefix and 1 / 2 / 4 / 8 big-endian bytes."""
+    v = values.astype(np.uint64, copy=False)
+    if len(v) and int(values.min()) < 0:
+        raise ValueError("token ids must be non-negative")
+    width = np.select([v < 24, v < 1 << 8, v < 1 << 16, v < 1 << 32], [0, 1, 2, 4], 8).astype(np.int64)
+    size = 1 + width
+    offsets = np.concatenate(([0], np.cumsum(size)[:-1])).astype(np.int64)
+    buf = np.zeros(int(size.sum()), dtype=np.uint8)
+    small = width == 0
+    buf[offsets[small]] = v[small].astype(np.uint8)
+    for w, tag in ((1, 0x18), (2, 0x19), (4, 0x1A), (8, 0x1B)):
+        sel = width == w
+        if not sel.any():
+            continue
+        at = offsets[sel]
+        buf[at] = tag
+        x = v[sel]
+        for b in range(w):  # big-endian payload bytes
+            buf[at + 1 + b] = ((x >> np.uint64(8 * (w - 1 - b))) & np.uint64(0xFF)).astype(np.uint8)
+    return buf.tobytes(), offsets
+
+
 class VllmBlockHasher:
     """Block hashes of token prompts as one vLLM engine computes them (fixed seed and block size).
 
@@ -68,11 +104,16 @@ class VllmBlockHasher:
         n = len(toks) // self.block_tokens
         if max_blocks is not None:
             n = min(n, max_blocks)
-        rows = toks[: n * self.block_tokens].reshape(n, self.block_tokens).tolist()  # Python ints for CBOR
+        if n == 0:
+            return []
+        body, offsets = cbor_uints(toks[: n * self.block_tokens])
+        ends = [*offsets[:: self.block_tokens].tolist(), len(body)]
+        head = b"\x83\x58\x20"  # array(3) [ bytes(32) parent, array(B) tokens, None ]
+        arr, none = _array_header(self.block_tokens), b"\xf6"
         out: list[bytes] = []
         parent = self.root
-        for row in rows:  # one hash per block (CBOR + SHA-256 run in C), never per token
-            parent = sha256_cbor((parent, tuple(row), None))
+        for k in range(n):  # one SHA-256 per block over pre-encoded bytes, never a per-token Python step
+            parent = hashlib.sha256(b"".join((head, parent, arr, body[ends[k] : ends[k + 1]], none))).digest()
             out.append(parent)
         return out
 
