@@ -173,3 +173,18 @@ def test_capacity_engine_real_through_the_cli(
         kappas[engine] = {c: p.kappa for c, p in prof.degrees.items()}
     # the noiseless sim engine serves in exactly Ê, so timing it gives the model's κ
     assert kappas["real"] == kappas["model"] and all(k is not None and k > 0 for k in kappas["model"].values())
+
+
+def test_refit_from_samples_with_another_statistic(tmp_path: Path, planted_config: Path) -> None:
+    cfg = load_config(planted_config)
+    target = SimTarget(CostProfile.load(cfg.resolve_path(cfg.cost_model.profile)), noise=0.2, seed=3)
+    spec = GridSpec(degrees=(1, 2), lengths=(256, 1024, 4096, 16384, 65536), prefix_ratios=(0.0, 0.5), repeats=5)
+    first = run_profile(target, spec, cfg, ProfileOptions(tmp_path / "a.yaml", force=True))
+    csv_a = tmp_path / "a.samples.csv"
+    assert [m.seconds for m in read_samples(csv_a)] == [m.median_s for m in first.measurements]
+    spec_min = GridSpec(degrees=(1,), lengths=(2,), repeats=1, statistic="min")  # grid ignored with samples
+    again = run_profile(target, spec_min, cfg, ProfileOptions(tmp_path / "b.yaml", force=True, from_samples=csv_a))
+    assert [m.point for m in again.measurements] == [m.point for m in first.measurements]
+    assert [m.seconds for m in again.measurements] == [m.min_s for m in first.measurements]
+    assert "re-fitted from a.samples.csv" in CostProfile.load(tmp_path / "b.yaml").notes
+    assert again.profile.degrees[1].d != first.profile.degrees[1].d  # a different statistic, a different fit

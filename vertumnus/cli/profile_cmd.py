@@ -66,6 +66,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         capacity_engine: str = typer.Option("model", help="κ service times: model (fitted Ê) | real (engine)."),
         capacity_requests: int | None = typer.Option(None, help="Trace requests used for κ (default: all; real: 200)."),
         show: Path | None = typer.Option(None, "--show", help="Print this profile file as a table and exit."),
+        from_samples: Path | None = typer.Option(
+            None, help="Re-fit this samples CSV (with --statistic) instead of measuring; grid options are ignored."
+        ),
     ) -> None:
         """Measure an engine queue-free, fit E_C per degree, compute κ_C, and write a cost profile."""
         console = _console()
@@ -87,7 +90,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             statistic=statistic,
         )
         trace_path = _trace_path(cfg, trace)
-        opts = ProfileOptions(out, max_mape, force, trace_path, capacity_engine, capacity_requests)
+        opts = ProfileOptions(out, max_mape, force, trace_path, capacity_engine, capacity_requests, from_samples)
         run_and_report(target, spec, cfg, opts, console)
 
     @app.command("calibrate")
@@ -178,7 +181,7 @@ def run_and_report(
     show_files: bool = True,
 ) -> ProfileRun:
     """Run the flow under a rich progress bar, then print the region and profile tables."""
-    total = total_runs(spec, target)
+    total = 0 if opts.from_samples is not None else total_runs(spec, target)
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

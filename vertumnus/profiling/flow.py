@@ -33,7 +33,9 @@ from vertumnus.profiling.measure import (
     Measurement,
     measure_grid,
     plot_path,
+    read_samples,
     samples_path,
+    with_statistic,
     write_samples,
 )
 from vertumnus.profiling.report import explain_bad_fit, plot_fit
@@ -65,6 +67,7 @@ class ProfileOptions:
     trace: Path | None = None  # None: no κ
     capacity_engine: str = "model"
     capacity_requests: int | None = None  # None: the whole trace (model) / 200 (real)
+    from_samples: Path | None = None  # re-fit a samples CSV instead of measuring (grid options ignored)
 
     def __post_init__(self) -> None:
         if self.out.suffix not in (".yaml", ".yml"):
@@ -97,9 +100,19 @@ def run_profile(
     ``on_capacity(degree, requests)`` is called before each degree's κ measurement and may return a callable
     ticked after every real-engine request (progress reporting).
     """
-    load_before = _loadavg()
-    rows = measure_grid(target, spec, on_step)
-    load_after = _loadavg()
+    if opts.from_samples is None:
+        load_before = _loadavg()
+        rows = measure_grid(target, spec, on_step)
+        where = f"1-min load average {_loadavg()} after measuring (before: {load_before})"
+        grid = (
+            f"grid: degrees {list(spec.degrees)}, lengths {list(spec.lengths)}, prefix ratios "
+            f"{list(spec.prefix_ratios)}; {spec.warmup} warm-up pass(es), {spec.statistic} of {spec.repeats} "
+            "shuffled repeats per point"
+        )
+    else:
+        rows = with_statistic(read_samples(opts.from_samples), spec.statistic)
+        where = f"re-fitted from {opts.from_samples.name}, measured earlier"
+        grid = f"{len(rows)} grid points from {opts.from_samples.name}; {spec.statistic} of their repeats"
     profile, fits = fit_profile(
         [m.sample() for m in rows],
         engine=target.engine,
@@ -117,13 +130,7 @@ def run_profile(
     bad = explain_bad_fit(profile, rows, opts.max_mape)
     if bad and not opts.force:
         raise FitRejected(bad, opts.max_mape, run)
-    notes = [
-        f"grid: degrees {list(spec.degrees)}, lengths {list(spec.lengths)}, prefix ratios "
-        f"{list(spec.prefix_ratios)}; {spec.warmup} warm-up pass(es), {spec.statistic} of {spec.repeats} "
-        "shuffled repeats per point",
-        f"samples: {csv_path.name}; fit plot: {png_path.name}; 1-min load average {load_before} before, "
-        f"{load_after} after measuring",
-    ]
+    notes = [grid, f"samples: {csv_path.name}; fit plot: {png_path.name}; {where}"]
     if bad:
         notes.append("written with --force despite: " + " | ".join(bad))
     if opts.trace is not None:

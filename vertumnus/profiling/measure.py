@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +156,13 @@ def measure_grid(
             med = statistics.median(ts)
             out.append(Measurement(pt, med if spec.statistic == "median" else min(ts), med, min(ts), max(ts), len(ts)))
     return out
+
+
+def with_statistic(rows: Sequence[Measurement], statistic: str) -> list[Measurement]:
+    """The same measurements with ``seconds`` set to another statistic of their repeats (median or min)."""
+    if statistic not in STATISTICS:
+        raise ValueError(f"--statistic must be one of {', '.join(STATISTICS)}, got {statistic!r}")
+    return [replace(m, seconds=m.median_s if statistic == "median" else m.min_s) for m in rows]
 
 
 def total_runs(spec: GridSpec, target: ProfilingTarget) -> int:
