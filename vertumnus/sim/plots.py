@@ -45,29 +45,47 @@ def ttft_cdf(runs: Sequence[PlotRun], path: Path, title: str = "TTFT CDF") -> Pa
     return _save(fig, path)
 
 
+def auto_width(runs: Sequence[PlotRun]) -> float:
+    """Interval of the time series: a minute for runs of 10 minutes or more, else about 1/30 of the run (≥ 5 s)."""
+    span = max((float(r.arrays["arrival"].max()) for r in runs if len(r.arrays["arrival"])), default=0.0)
+    return 60.0 if span >= 600 else max(5.0, round(span / 30.0 / 5.0) * 5.0)
+
+
+def _label_width(width_s: float) -> str:
+    return "minute" if width_s == 60.0 else f"{width_s:g} s"
+
+
+def _steps(ax: plt.Axes, start: np.ndarray, ys: np.ndarray, width_s: float, label: str) -> None:
+    """Step series over [start, start + width): the last interval is drawn to its end."""
+    xs = np.append(start, start[-1] + width_s) / 60.0
+    ax.step(xs, np.append(ys, ys[-1]), where="post", label=label, lw=1.3)
+
+
 def ttft_timeline(
     runs: Sequence[PlotRun],
     path: Path,
-    width_s: float = 60.0,
+    width_s: float | None = None,
     composition_of: str | None = None,
-    title: str = "Mean TTFT per minute",
+    title: str | None = None,
     phases: Sequence[tuple[float, float]] = (),
 ) -> Path:
-    """Mean TTFT per ``width_s`` of arrival time (top) and the composition over time (bottom) of the run
-    labelled ``composition_of`` (default: the first run whose composition changed, else the first)."""
+    """Mean TTFT per ``width_s`` of arrival time (default :func:`auto_width`; top) and the composition over
+    time (bottom) of the run labelled ``composition_of`` (default: the first run whose composition changed,
+    else the first)."""
+    width = width_s or auto_width(runs)
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(7.5, 5.4), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
     end = 0.0
     for run in runs:
-        iv = per_interval(run.arrays, width_s)
+        iv = per_interval(run.arrays, width)
         if len(iv["start"]):
-            ax.step(iv["start"] / 60.0, iv["mean_ttft"], where="post", label=run.label, lw=1.3)
-            end = max(end, float(iv["start"][-1]) + width_s)
+            _steps(ax, iv["start"], iv["mean_ttft"], width, run.label)
+            end = max(end, float(iv["start"][-1]) + width)
     for lo, _hi in phases[1:]:
         ax.axvline(lo / 60.0, color="grey", ls=":", lw=0.8)
         ax2.axvline(lo / 60.0, color="grey", ls=":", lw=0.8)
     ax.set_ylabel("mean TTFT (s)")
     ax.set_yscale("log")
-    ax.set_title(title)
+    ax.set_title(f"{title or 'Mean TTFT'} (per {_label_width(width)} of arrival time)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     pick = _composition_run(runs, composition_of)
@@ -96,17 +114,18 @@ def _composition_axes(ax: plt.Axes, run: PlotRun, end: float) -> None:
     ax.legend(fontsize=7, loc="upper right")
 
 
-def hit_rate_timeline(runs: Sequence[PlotRun], path: Path, width_s: float = 60.0) -> Path:
-    """Token prefix hit rate per ``width_s`` of arrival time."""
+def hit_rate_timeline(runs: Sequence[PlotRun], path: Path, width_s: float | None = None) -> Path:
+    """Token prefix hit rate per ``width_s`` of arrival time (default :func:`auto_width`)."""
+    width = width_s or auto_width(runs)
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for run in runs:
-        iv = per_interval(run.arrays, width_s)
+        iv = per_interval(run.arrays, width)
         if len(iv["start"]):
-            ax.step(iv["start"] / 60.0, iv["hit_rate"], where="post", label=run.label, lw=1.3)
+            _steps(ax, iv["start"], iv["hit_rate"], width, run.label)
     ax.set_xlabel("time (min)")
     ax.set_ylabel("prefix hit rate (tokens)")
     ax.set_ylim(0, 1)
-    ax.set_title("Prefix hit rate over time")
+    ax.set_title(f"Prefix hit rate (per {_label_width(width)} of arrival time)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     return _save(fig, path)
