@@ -129,8 +129,10 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The server most modules share (controller off: the composition changes only when a test orders it).
-    Started once per session, on first use."""
-    s = start_server(tmp_path_factory.mktemp("shared-server"), {"controller": {"enabled": False}})
+    """The server most modules share: controller off (the composition changes only when a test orders it) and
+    no scan-driven replication (a prefix is where the test put it; reconciliation after a split is then the only
+    copy path, and it shares its export/import code with replication). Started once per session."""
+    overrides = {"controller": {"enabled": False}, "cache": {"replication": False}}
+    s = start_server(tmp_path_factory.mktemp("shared-server"), overrides)
     yield s
     stop_server(s.proc)

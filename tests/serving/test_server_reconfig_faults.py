@@ -96,6 +96,71 @@ def test_split_and_merge_ordered_while_twenty_requests_are_in_flight(server: Any
     assert server.metric("vertumnus_requests_total", 'outcome="error"') == 0
 
 
+def test_a_prefix_cached_before_a_split_is_reconciled_from_the_sibling(server: Any) -> None:
+    """DESIGN §2: after a split each child holds half of a retained prefix's blocks (pending); on first reuse
+    the missing half is copied from the sibling (RECONCILE: export on the sibling's ranks, import here)."""
+    cfg = server.cfg.model
+    tok = tokenizer(cfg)
+    pool = server.get("/v1/pool")
+    assert pool["composition"] == "2xCP1+1xCP2"
+    (cp2,) = [w["id"] for w in pool["workers"] if w["degree"] == 2]
+    prompt = _prompts("reconcile", 1, 560)[0]  # ~2000 tokens: the CP2 worker is the cheapest by the cost model
+    n = len(tok.encode(prompt))
+    want = generate(cfg, tok.encode(prompt), 4, [EOS])
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    first = c.completions.create(model="vertumnus-tiny", prompt=prompt, max_tokens=4, temperature=0)
+    assert server.get(f"/v1/requests/{first.id}")["worker"] == cp2
+    r = httpx.post(
+        server.url + "/v1/pool/reconfigure",
+        json={"op": "split", "worker": cp2, "wait": True},
+        headers=server.admin,
+        timeout=600,
+    )
+    assert r.status_code == 200, r.text
+    children = {t["id"] for t in r.json()["targets"]}
+    assert server.get("/v1/pool")["composition"] == "4xCP1"
+    ok0 = server.metric("vertumnus_cache_ops_total", 'kind="reconcile"')
+    failed0 = server.metric("vertumnus_cache_op_failures_total", 'kind="reconcile"')
+
+    async def four() -> list[Any]:
+        ac = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        out = await asyncio.gather(
+            *(
+                ac.completions.create(
+                    model="vertumnus-tiny",
+                    prompt=prompt,
+                    max_tokens=4,
+                    temperature=0,
+                    extra_body={"return_token_ids": True},
+                )
+                for _ in range(4)
+            )
+        )
+        await ac.close()
+        return list(out)
+
+    # four identical arrivals on four idle CP1 workers: the reservations spread them one per worker
+    out = asyncio.run(four())
+    assert all(o.choices[0].token_ids == want for o in out)
+    timings = [server.get(f"/v1/requests/{o.id}") for o in out]
+    assert sorted(t["worker"] for t in timings) == sorted(w["id"] for w in server.get("/v1/pool")["workers"])
+    # a child that reuses the prefix first fetches its missing half from the sibling (one RECONCILE each);
+    # nobody else holds any of it, so every reuse is a reconciled one and reuses the whole prefix
+    reconciled = server.metric("vertumnus_cache_ops_total", 'kind="reconcile"') - ok0
+    reusers = [t for t in timings if t["cached_tokens"] > 0]
+    assert reconciled >= 1 and len(reusers) == reconciled
+    assert all(t["worker"] in children and t["cached_tokens"] == 32 * ((n - 1) // 32) for t in reusers)
+    assert server.metric("vertumnus_cache_op_failures_total", 'kind="reconcile"') == failed0
+    # merge the children back (the fault test wants a CP2 worker)
+    r = httpx.post(
+        server.url + "/v1/pool/reconfigure",
+        json={"op": "merge", "worker": min(children), "wait": True},
+        headers=server.admin,
+        timeout=600,
+    )
+    assert r.status_code == 200 and server.get("/v1/pool")["composition"] == "2xCP1+1xCP2"
+
+
 KILLER = """
 import sys
 import ray
@@ -144,12 +209,15 @@ def test_rank_actor_killed_mid_prefill_is_recovered_without_losing_requests(serv
             traffic = asyncio.create_task(_complete(server, prompts, 4))
             seen: list[dict[str, Any]] = []
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as h:
-                while True:  # a worker running a prefill right now
+                deadline = time.monotonic() + 120
+                victim: dict[str, Any] | None = None
+                while time.monotonic() < deadline:  # a CP2 worker running a prefill right now
                     workers = (await h.get("/v1/pool")).json()["workers"]
                     victim = next((w for w in workers if w["running"] and w["degree"] == 2), None)
                     if victim is not None:
                         break
                     await asyncio.sleep(0.005)
+                assert victim is not None, "no CP2 worker ran a prefill while the traffic lasted"
                 killer.kill(f"vertumnus-{server.proc.pid}-rank-{victim['ranks'][-1]}")
                 deadline = time.monotonic() + 600
                 while time.monotonic() < deadline:  # FAILED, then back ACTIVE under a new epoch

@@ -25,7 +25,6 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from vertumnus.config import VertumnusConfig
@@ -34,15 +33,10 @@ from vertumnus.engines.torch.messages import (
     Assign,
     Command,
     EpochAck,
-    ExportBlocks,
-    Exported,
-    ImportBlocks,
-    OpDone,
     Park,
     PrefillDone,
     RankFailed,
     Regroup,
-    RemoveBlocks,
     Reply,
     Reports,
     RunPrefill,
@@ -51,30 +45,11 @@ from vertumnus.interfaces import EngineEvents, PrefillJob
 from vertumnus.serving.decode_engine import KVHandle
 from vertumnus.serving.handoff import Handoff
 from vertumnus.serving.hosting import RayHosting
+from vertumnus.serving.ray_cache_ops import CacheOps, StepItem, WorkerFailed, WorkerLane
 from vertumnus.serving.ray_ranks import RankSet
-from vertumnus.types import CacheOp, CacheOpKind, PrefillResult, ReconfigPlan, WorkerGroup
+from vertumnus.types import CacheOp, PrefillResult, ReconfigPlan, WorkerGroup
 
 log = logging.getLogger("vertumnus.serving")
-
-
-@dataclass(slots=True)
-class _Item:
-    run: Callable[[], Awaitable[None]]
-    job: PrefillJob | None = None  # set for prefills (withdrawable)
-
-
-@dataclass(slots=True)
-class _Worker:
-    group: WorkerGroup
-    ranks: tuple[int, ...]  # global ranks
-    queue: deque[_Item] = field(default_factory=deque)
-    busy: bool = False
-    parking: bool = False
-    failed: bool = False
-
-
-class WorkerFailed(Exception):
-    """A step could not complete on every rank of the worker."""
 
 
 class RayDataPlane:
@@ -86,12 +61,13 @@ class RayDataPlane:
         self.gpn = cfg.pool.gpus_per_node
         self.ranks = RankSet(cfg, hosting, timeout_s=min(cfg.serving.startup_timeout_s, 120.0))
         self.ranks.on_death = self._rank_died
-        self.workers: dict[int, _Worker] = {}
+        self.workers: dict[int, WorkerLane] = {}
         self.rank_worker: dict[int, int] = {}
         self._handoffs: dict[str, Handoff] = {}
         self._events: EngineEvents | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._world = asyncio.Lock()  # generation changes and restarts, one at a time
+        self._ops = CacheOps(self)
 
     # -- plumbing -------------------------------------------------------------------------------------------
     @property
@@ -99,7 +75,7 @@ class RayDataPlane:
         assert self._events is not None, "start() not called"
         return self._events
 
-    def _spawn(self, coro: Awaitable[Any], what: str) -> None:
+    def spawn_task(self, coro: Awaitable[Any], what: str) -> None:
         async def guarded() -> None:
             try:
                 await coro
@@ -110,18 +86,18 @@ class RayDataPlane:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _new_worker(self, group: WorkerGroup) -> _Worker:
-        w = _Worker(group, group.global_ranks(self.gpn))
+    def _new_worker(self, group: WorkerGroup) -> WorkerLane:
+        w = WorkerLane(group, group.global_ranks(self.gpn))
         self.workers[group.worker_id] = w
         for r in w.ranks:
             self.rank_worker[r] = group.worker_id
         return w
 
-    def _enqueue(self, w: _Worker, item: _Item, front: bool = False) -> None:
+    def enqueue(self, w: WorkerLane, item: StepItem, front: bool = False) -> None:
         (w.queue.appendleft if front else w.queue.append)(item)
         self._pump(w)
 
-    def _pump(self, w: _Worker) -> None:
+    def _pump(self, w: WorkerLane) -> None:
         """Start the next runnable item (prefills wait while the worker parks)."""
         if w.busy or w.failed or not w.queue:
             return
@@ -129,9 +105,9 @@ class RayDataPlane:
             return
         item = w.queue.popleft()
         w.busy = True
-        self._spawn(self._run(w, item), f"worker {w.group.worker_id} step")
+        self.spawn_task(self._run(w, item), f"worker {w.group.worker_id} step")
 
-    async def _run(self, w: _Worker, item: _Item) -> None:
+    async def _run(self, w: WorkerLane, item: StepItem) -> None:
         try:
             await item.run()
         except WorkerFailed:
@@ -140,7 +116,7 @@ class RayDataPlane:
             w.busy = False
             self._pump(w)
 
-    async def _step(self, ranks: Sequence[int], cmds: Callable[[int], Command]) -> list[tuple[list[Reply], Any]]:
+    async def step_ranks(self, ranks: Sequence[int], cmds: Callable[[int], Command]) -> list[tuple[list[Reply], Any]]:
         """Send one command per rank concurrently; WorkerFailed if any rank died or failed."""
         refs = [self.ranks.actors[r].step.remote(cmds(r)) for r in ranks]
         out = await asyncio.gather(*refs, return_exceptions=True)
@@ -152,14 +128,14 @@ class RayDataPlane:
                     raise WorkerFailed(f"rank {r}: {rep.message.strip().splitlines()[-1]}")
         return out  # type: ignore[return-value]
 
-    async def _worker_step(self, w: _Worker, cmds: Callable[[int], Command]) -> list[tuple[list[Reply], Any]]:
+    async def worker_step(self, w: WorkerLane, cmds: Callable[[int], Command]) -> list[tuple[list[Reply], Any]]:
         try:
-            return await self._step(w.ranks, cmds)
+            return await self.step_ranks(w.ranks, cmds)
         except WorkerFailed as e:
             self._fail(w, str(e))
             raise
 
-    def _fail(self, w: _Worker, reason: str) -> None:
+    def _fail(self, w: WorkerLane, reason: str) -> None:
         """Mark FAILED once and tell the pool (which re-places the jobs and calls restart)."""
         if w.failed or self.workers.get(w.group.worker_id) is not w:
             return
@@ -186,7 +162,7 @@ class RayDataPlane:
     # -- DataPlane: lifecycle -------------------------------------------------------------------------------
     def start(self, groups: Sequence[WorkerGroup], epoch: int, events: EngineEvents) -> None:
         self._events = events
-        self._spawn(self._start(list(groups), epoch), "start-up")
+        self.spawn_task(self._start(list(groups), epoch), "start-up")
 
     async def _start(self, groups: list[WorkerGroup], epoch: int) -> None:
         async with self._world:
@@ -200,10 +176,10 @@ class RayDataPlane:
 
     async def _assign(self, g: WorkerGroup, epoch: int) -> None:
         ranks = g.global_ranks(self.gpn)
-        self._acks(await self._step(ranks, lambda r: Assign(g, epoch)), ranks)
+        self._acks(await self.step_ranks(ranks, lambda r: Assign(g, epoch)), ranks)
 
     def restart(self, group: WorkerGroup, epoch: int) -> None:
-        self._spawn(self._restart(group, epoch), f"restart of worker {group.worker_id}")
+        self.spawn_task(self._restart(group, epoch), f"restart of worker {group.worker_id}")
 
     async def _restart(self, group: WorkerGroup, epoch: int) -> None:
         async with self._world:
@@ -219,19 +195,19 @@ class RayDataPlane:
                     continue
                 in_live.update(w.ranks)
                 fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                self._enqueue(w, _Item(self._regroup_item(w, gen, fut)), front=True)
+                self.enqueue(w, StepItem(self._regroup_item(w, gen, fut)), front=True)
                 waits.append(fut)
             idle = [r for r in range(self.ranks.world) if r not in in_live and r not in dead]
             if idle:
-                waits.append(self._step(idle, lambda r: Regroup(gen)))
+                waits.append(self.step_ranks(idle, lambda r: Regroup(gen)))
             await asyncio.gather(*waits)
             self._new_worker(group)
             await self._assign(group, epoch)
 
-    def _regroup_item(self, w: _Worker, gen: int, fut: asyncio.Future[None]) -> Callable[[], Awaitable[None]]:
+    def _regroup_item(self, w: WorkerLane, gen: int, fut: asyncio.Future[None]) -> Callable[[], Awaitable[None]]:
         async def run() -> None:
             try:
-                await self._worker_step(w, lambda r: Regroup(gen))
+                await self.worker_step(w, lambda r: Regroup(gen))
             finally:
                 if not fut.done():
                     fut.set_result(None)
@@ -247,7 +223,7 @@ class RayDataPlane:
     # -- DataPlane: requests --------------------------------------------------------------------------------
     def submit(self, worker_id: int, job: PrefillJob) -> None:
         w = self.workers[worker_id]
-        self._enqueue(w, _Item(lambda: self._prefill(w, job), job))
+        self.enqueue(w, StepItem(lambda: self._prefill(w, job), job))
 
     def withdraw(self, worker_id: int) -> list[PrefillJob]:
         w = self.workers[worker_id]
@@ -255,15 +231,15 @@ class RayDataPlane:
         w.queue = deque(it for it in w.queue if it.job is None)
         return jobs
 
-    async def _prefill(self, w: _Worker, job: PrefillJob) -> None:
+    async def _prefill(self, w: WorkerLane, job: PrefillJob) -> None:
         req, wid = job.request, w.group.worker_id
         started = self.clock()
         self.events.prefill_started(wid, req.request_id, started)
         if job.reconcile is not None:
-            await self._copy(job.reconcile, w)
+            await self._ops.copy(job.reconcile, w)
         ids = list(req.token_ids or ())
         cmd = RunPrefill(wid, req.request_id, ids, tuple(req.block_keys), job.max_reuse_blocks, return_kv=True)
-        out = await self._worker_step(w, lambda r: cmd)
+        out = await self.worker_step(w, lambda r: cmd)
         done = [rep for replies, _ in out for rep in replies if isinstance(rep, PrefillDone)]
         lead = next(d for d in done if d.rank == 0)
         logits = next(d.logits for d in done if d.logits is not None)
@@ -282,14 +258,14 @@ class RayDataPlane:
         for wid in worker_ids:
             w = self.workers[wid]
             w.parking = True
-            self._enqueue(w, _Item(lambda w=w: self._park(w)), front=True)  # type: ignore[misc]
+            self.enqueue(w, StepItem(lambda w=w: self._park(w)), front=True)  # type: ignore[misc]
 
-    async def _park(self, w: _Worker) -> None:
-        await self._worker_step(w, lambda r: Park(w.group.worker_id))
+    async def _park(self, w: WorkerLane) -> None:
+        await self.worker_step(w, lambda r: Park(w.group.worker_id))
         self.events.worker_parked(w.group.worker_id, self.clock())
 
     def activate(self, plan: ReconfigPlan) -> None:
-        self._spawn(self._activate(plan), f"activation of epoch {plan.epoch}")
+        self.spawn_task(self._activate(plan), f"activation of epoch {plan.epoch}")
 
     async def _activate(self, plan: ReconfigPlan) -> None:
         for s in plan.sources:
@@ -301,74 +277,13 @@ class RayDataPlane:
         ranks = sorted(cmds)
         targets = [self._new_worker(t) for t in plan.targets]
         try:
-            out = await self._step(ranks, cmds.__getitem__)
+            out = await self.step_ranks(ranks, cmds.__getitem__)
         except WorkerFailed as e:
             for w in targets:
                 self._fail(w, f"activation failed: {e}")
             return
         self._acks(out, ranks)
 
-    # -- DataPlane: cache ops -------------------------------------------------------------------------------
+    # -- DataPlane: cache ops (vertumnus/serving/ray_cache_ops.py) -------------------------------------------
     def execute(self, op: CacheOp) -> None:
-        dst = self.workers.get(op.dst_worker)
-        if dst is None or dst.failed:
-            self._spawn(self._op_failed(op.op_id, "destination worker is gone"), "cache op")
-            return
-        if op.kind == CacheOpKind.RECLAIM:
-            self._enqueue(dst, _Item(lambda: self._remove(dst, op)))
-        else:
-            self._enqueue(dst, _Item(lambda: self._copy(op, dst)))
-
-    async def _op_failed(self, op_id: int, reason: str) -> None:
-        self.events.cache_op_failed(op_id, reason)
-
-    async def _remove(self, w: _Worker, op: CacheOp) -> None:
-        keys = tuple(op.keys[op.first_missing :])
-        out = await self._worker_step(w, lambda r: RemoveBlocks(op.op_id, w.group.worker_id, keys))
-        self._op_replies(op, out)
-
-    async def _copy(self, op: CacheOp, dst: _Worker) -> None:
-        """Replicate / reconcile into ``dst`` (holding its turn): export from the source's ranks, import."""
-        src = self.workers.get(op.src_worker) if op.src_worker is not None else None
-        if src is None or src.failed:
-            self.events.cache_op_failed(op.op_id, "no valid copy to copy from")
-            return
-        path = tuple(op.keys)
-        wanted = path[op.first_missing :]
-        try:
-            out = await self._step(src.ranks, lambda r: ExportBlocks(op.op_id, src.group.worker_id, wanted))
-        except WorkerFailed as e:
-            self.events.cache_op_failed(op.op_id, f"export failed: {e}")
-            return
-        blocks: dict[int, Any] = {}
-        for replies, _ in out:
-            for rep in replies:
-                if isinstance(rep, Exported) and rep.blocks is not None:
-                    blocks.update(zip(rep.keys, rep.blocks, strict=True))
-        available = tuple(k for k in wanted if k in blocks)
-        c = dst.group.degree
-
-        def cmd(r: int) -> ImportBlocks:
-            mine = tuple(
-                path[i] for i in range(op.first_missing, len(path)) if i % c == r - dst.ranks[0] and path[i] in blocks
-            )  # canonical owner: depth mod C
-            stacked = _stack([blocks[k] for k in mine]) if mine else None
-            return ImportBlocks(op.op_id, dst.group.worker_id, path, op.first_missing, available, mine, stacked)
-
-        self._op_replies(op, await self._worker_step(dst, cmd))
-
-    def _op_replies(self, op: CacheOp, out: list[tuple[list[Reply], Any]]) -> None:
-        errors = [rep.error for replies, _ in out for rep in replies if isinstance(rep, OpDone) and rep.error]
-        for replies, _ in out:
-            for rep in replies:
-                if isinstance(rep, OpDone):
-                    for rp in rep.reports:
-                        self.events.cache_report(rp)
-        if errors:
-            self.events.cache_op_failed(op.op_id, errors[0])
-
-
-def _stack(tensors: list[Any]) -> Any:
-    import torch
-
-    return torch.stack(tensors)
+        self._ops.execute(op)
