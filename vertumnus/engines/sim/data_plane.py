@@ -61,7 +61,9 @@ class SimDataPlane:
         return self._tick
 
     def _new_worker(self, group: WorkerGroup, epoch: int, cache: BlockCache | None = None) -> SimWorker:
-        w = SimWorker(group, cache or BlockCache(self.per_rank_blocks * group.degree), epoch)
+        if cache is None:
+            cache = BlockCache(self.per_rank_blocks * group.degree)
+        w = SimWorker(group, cache, epoch)
         self.workers[group.worker_id] = w
         return w
 
