@@ -15,11 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
-
 from vertumnus.cache.ops import OpBook
 from vertumnus.cache.scan import Candidate
-from vertumnus.cache.trie import Trie, leading_runs, mask_int
+from vertumnus.cache.trie import NONE, Trie, leading_runs, mask_int, row_bits
 from vertumnus.cache.workers import WorkerInfo, WorkerTable
 from vertumnus.types import CacheOp, CacheOpKind
 
@@ -79,16 +77,19 @@ def reclamation(trie: Trie, workers: WorkerTable, book: OpBook, cand: Candidate)
     """The RECLAIM op for a candidate (deleting block z only: the victim keeps no descendant of it), or None
     when no holder qualifies."""
     row = cand.row
-    held = mask_int(trie.holders[row])
+    held = row_bits(trie.holders, row)
     key = int(trie.key[row])
     if held.bit_count() - book.removing_count(key) < 2:
         return None
     ok = held & workers.degree_bits[cand.dix] & workers.available_bits
     if not ok:
         return None
-    kids = trie.children(row)
-    if kids:  # removing z would break a descendant prefix a holder keeps
-        ok &= ~mask_int(np.bitwise_or.reduce(trie.holders[kids] | trie.pending[kids], axis=0))
+    # Removing z would break a descendant prefix a holder keeps: drop holders with a child of z.
+    nxt, holders, pending = trie.next_sib, trie.holders, trie.pending
+    c = int(trie.first_child[row])
+    while c != NONE and ok:
+        ok &= ~(row_bits(holders, c) | row_bits(pending, c))
+        c = int(nxt[c])
     if not ok:
         return None
     depth = int(trie.depth[row])

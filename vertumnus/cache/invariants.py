@@ -36,5 +36,5 @@ def check(trie: Trie, workers: WorkerTable) -> None:
         assert int(((s[:, w.word] & w.bit) != 0).sum()) == w.n_present, f"worker {w.worker_id}: n_present"
     assert (trie.rc[rows] == rc).all(), "replica counts drifted"
     live_stats = rows[(trie.access[rows] != 0).any(axis=1) | (trie.missed[rows] != 0).any(axis=1)]
-    assert set(live_stats.tolist()) <= trie.active, "a row with statistics is missing from the active set"
+    assert trie.active.flag[live_stats].all(), "a row with statistics is missing from the active set"
     assert all(trie.depth[r] != NONE for r in trie.active), "a freed row is active"

@@ -110,19 +110,20 @@ class CacheManager:
         """Walk the trie with a request's block keys: MatchedPath length (blocks some worker holds or has
         pending), per-worker valid leading blocks, per-worker held-or-pending leading blocks."""
         trie = self.trie
-        rows = trie.lookup(keys)
-        if not rows:
+        path = trie.lookup(keys)
+        if path.size == 0:
             self._last = (keys, trie.version, _NO_PATH)
             return PrefixMatch(0, {}, {})
-        path = np.asarray(rows, np.int64)
-        held_rows = trie.holders[path]
+        one = trie.words == 1  # one mask word: 1-D column takes instead of (n, words) row gathers
+        held_rows = trie.hold_col[0][path] if one else trie.holders[path]
         wid = self.workers.slot_wid
-        held = {wid[s]: c for s, c in leading_runs(held_rows).items()}
+        held = leading_runs(held_rows, wid)
         if trie.pending_marks == 0:
             matched = max(held.values(), default=0)
             self._last = (keys, trie.version, path[:matched])
             return PrefixMatch(matched, held, dict(held))
-        both = {wid[s]: c for s, c in leading_runs(held_rows | trie.pending[path]).items()}
+        pend_rows = trie.pend_col[0][path] if one else trie.pending[path]
+        both = leading_runs(held_rows | pend_rows, wid)
         matched = max(both.values(), default=0)
         self._last = (keys, trie.version, path[:matched])
         return PrefixMatch(matched, held, both)
@@ -131,7 +132,7 @@ class CacheManager:
         last_keys, version, path = self._last
         if last_keys is keys and version == self.trie.version and path.size >= n:
             return path[:n]
-        return np.asarray(self.trie.lookup(keys[:n]), np.int64)
+        return self.trie.lookup(keys[:n])
 
     def record_placement(
         self, keys: Sequence[int], match: PrefixMatch, input_len: int, worker_id: int, preferred_degree: int

@@ -23,8 +23,8 @@ def _rows(rows: Iterable[int] | np.ndarray) -> np.ndarray:
     return np.fromiter(rows, np.int64)
 
 
-def _with_bit(mask: np.ndarray, rows: np.ndarray, w: WorkerInfo) -> np.ndarray:
-    return rows[(mask[rows, w.word] & w.bit) != 0]
+def _with_bit(cols: list[np.ndarray], rows: np.ndarray, w: WorkerInfo) -> np.ndarray:
+    return rows[(cols[w.word][rows] & w.bit) != 0]
 
 
 def make_valid(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> np.ndarray:
@@ -32,23 +32,41 @@ def make_valid(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> n
     r = _rows(rows)
     if r.size == 0:
         return _EMPTY
-    new = r[(trie.holders[r, w.word] & w.bit) == 0]
+    held = trie.hold_col[w.word]
+    new = r[(held[r] & w.bit) == 0]
     if new.size == 0:
         return _EMPTY
-    trie.holders[new, w.word] |= w.bit
-    trie.rc[new, w.dix] += 1
+    held[new] |= w.bit
+    trie.rc_col[w.dix][new] += 1
     w.n_valid += int(new.size)
     clear = ~w.bit
-    pend = _with_bit(trie.pending, new, w)
-    if pend.size:
-        trie.pending[pend, w.word] &= clear
-        w.n_pending -= int(pend.size)
-        trie.pending_marks -= int(pend.size)
-    pres = _with_bit(trie.present, new, w)
-    if pres.size:
-        trie.present[pres, w.word] &= clear
-        w.n_present -= int(pres.size)
+    # n_pending / n_present count w's bits exactly: when zero there is nothing to look for.
+    if w.n_pending:
+        pend = _with_bit(trie.pend_col, new, w)
+        if pend.size:
+            trie.pend_col[w.word][pend] &= clear
+            w.n_pending -= int(pend.size)
+            trie.pending_marks -= int(pend.size)
+    if w.n_present:
+        pres = _with_bit(trie.pres_col, new, w)
+        if pres.size:
+            trie.pres_col[w.word][pres] &= clear
+            w.n_present -= int(pres.size)
     return new
+
+
+def mark_fresh(trie: Trie, w: WorkerInfo, rows: np.ndarray, valid: bool) -> None:
+    """``w`` holds (``valid``) or physically has ``rows``: nodes :meth:`Trie.extend` just created, which carry
+    no mark of any worker yet — so the bit is set without reading it, and rc goes from 0 to 1."""
+    if rows.size == 0:
+        return
+    if valid:
+        trie.hold_col[w.word][rows] = w.bit
+        trie.rc_col[w.dix][rows] = 1
+        w.n_valid += int(rows.size)
+    else:
+        trie.pres_col[w.word][rows] = w.bit
+        w.n_present += int(rows.size)
 
 
 def make_pending(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> None:
@@ -56,8 +74,8 @@ def make_pending(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) ->
     r = _rows(rows)
     if r.size == 0:
         return
-    r = r[((trie.holders[r, w.word] | trie.pending[r, w.word]) & w.bit) == 0]
-    trie.pending[r, w.word] |= w.bit
+    r = r[((trie.hold_col[w.word][r] | trie.pend_col[w.word][r]) & w.bit) == 0]
+    trie.pend_col[w.word][r] |= w.bit
     w.n_pending += int(r.size)
     trie.pending_marks += int(r.size)
 
@@ -67,8 +85,8 @@ def make_present(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) ->
     r = _rows(rows)
     if r.size == 0:
         return
-    r = r[((trie.holders[r, w.word] | trie.present[r, w.word]) & w.bit) == 0]
-    trie.present[r, w.word] |= w.bit
+    r = r[((trie.hold_col[w.word][r] | trie.pres_col[w.word][r]) & w.bit) == 0]
+    trie.pres_col[w.word][r] |= w.bit
     w.n_present += int(r.size)
 
 
@@ -78,20 +96,23 @@ def drop(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> None:
     if r.size == 0:
         return
     clear = ~w.bit
-    held = _with_bit(trie.holders, r, w)
-    if held.size:
-        trie.holders[held, w.word] &= clear
-        trie.rc[held, w.dix] -= 1
-        w.n_valid -= int(held.size)
-    pend = _with_bit(trie.pending, r, w)
-    if pend.size:
-        trie.pending[pend, w.word] &= clear
-        w.n_pending -= int(pend.size)
-        trie.pending_marks -= int(pend.size)
-    pres = _with_bit(trie.present, r, w)
-    if pres.size:
-        trie.present[pres, w.word] &= clear
-        w.n_present -= int(pres.size)
+    if w.n_valid:
+        held = _with_bit(trie.hold_col, r, w)
+        if held.size:
+            trie.hold_col[w.word][held] &= clear
+            trie.rc_col[w.dix][held] -= 1
+            w.n_valid -= int(held.size)
+    if w.n_pending:
+        pend = _with_bit(trie.pend_col, r, w)
+        if pend.size:
+            trie.pend_col[w.word][pend] &= clear
+            w.n_pending -= int(pend.size)
+            trie.pending_marks -= int(pend.size)
+    if w.n_present:
+        pres = _with_bit(trie.pres_col, r, w)
+        if pres.size:
+            trie.pres_col[w.word][pres] &= clear
+            w.n_present -= int(pres.size)
 
 
 def drop_pending(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> None:
@@ -99,9 +120,9 @@ def drop_pending(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) ->
     r = _rows(rows)
     if r.size == 0:
         return
-    pend = _with_bit(trie.pending, r, w)
+    pend = _with_bit(trie.pend_col, r, w)
     if pend.size:
-        trie.pending[pend, w.word] &= ~w.bit
+        trie.pend_col[w.word][pend] &= ~w.bit
         w.n_pending -= int(pend.size)
         trie.pending_marks -= int(pend.size)
 
@@ -124,9 +145,9 @@ def promote_below(trie: Trie, w: WorkerInfo, rows: Iterable[int]) -> None:
     if w.n_present == 0:
         return
     stack = list(rows)
-    word, bit = w.word, w.bit
+    present, bit = trie.pres_col[w.word], w.bit
     while stack:
-        found = [c for c in trie.children(stack.pop()) if trie.present[c, word] & bit]
+        found = [c for c in trie.children(stack.pop()) if present[c] & bit]
         if found:
             make_valid(trie, w, found)
             stack.extend(found)

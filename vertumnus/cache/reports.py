@@ -20,13 +20,14 @@ from vertumnus.cache.trie import ROOT, Trie
 from vertumnus.cache.workers import WorkerInfo
 
 
-def ensure_chain(trie: Trie, parent: int, keys: Sequence[int]) -> list[int]:
+def ensure_chain(trie: Trie, parent: int, keys: Sequence[int]) -> np.ndarray:
     """Rows of ``keys`` as a chain under ``parent``, creating the missing suffix. Returns fewer rows than
     keys only for an inconsistent chain (a key that exists elsewhere in the trie)."""
-    rows = trie.lookup(keys)
-    if len(rows) < len(keys):
-        rows.extend(trie.extend(rows[-1] if rows else parent, keys[len(rows) :]))
-    return rows
+    known = trie.lookup(keys)
+    if known.size == len(keys):
+        return known
+    fresh = trie.extend(int(known[-1]) if known.size else parent, keys[known.size :])
+    return np.concatenate((known, fresh)) if known.size else fresh
 
 
 def stored(trie: Trie, w: WorkerInfo, keys: Sequence[int], parent_key: int | None) -> bool:
@@ -40,12 +41,20 @@ def stored(trie: Trie, w: WorkerInfo, keys: Sequence[int], parent_key: int | Non
         if got is None:
             return False
         parent = got
-    rows = np.asarray(ensure_chain(trie, parent, keys), np.int64)
-    if parent == ROOT or trie.holders[parent, w.word] & w.bit:
-        marks.make_valid(trie, w, rows)
-        marks.promote_below(trie, w, rows.tolist())
-    else:
-        marks.make_present(trie, w, rows)
+    # Blocks the trie knows get the checked mark updates; the suffix created here carries no marks yet, so
+    # it takes the unchecked ones (most of an engine's report: the blocks it has just computed).
+    known = trie.lookup(keys)
+    k = known.size
+    fresh = trie.extend(int(known[-1]) if k else parent, keys[k:]) if k < len(keys) else None
+    valid = parent == ROOT or bool(trie.hold_col[w.word][parent] & w.bit)
+    if k:
+        if valid:
+            marks.make_valid(trie, w, known)
+            marks.promote_below(trie, w, known.tolist())  # fresh rows have no children: nothing to promote
+        else:
+            marks.make_present(trie, w, known)
+    if fresh is not None:
+        marks.mark_fresh(trie, w, fresh, valid)
     return True
 
 
@@ -53,7 +62,7 @@ def make_path_valid(trie: Trie, w: WorkerInfo, keys: Sequence[int]) -> None:
     """``w`` holds the complete prefix ``keys`` (root→z) — a confirmed replication or reconciliation."""
     rows = ensure_chain(trie, ROOT, keys)
     marks.make_valid(trie, w, rows)
-    marks.promote_below(trie, w, rows)
+    marks.promote_below(trie, w, rows.tolist())
 
 
 def removed(trie: Trie, w: WorkerInfo, keys: Sequence[int]) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from vertumnus.cache.stats import any_nonzero
 from vertumnus.cache.trie import ROOT, Trie
 from vertumnus.config import CacheConfig
 
@@ -78,40 +79,64 @@ def find(
     degree_counts: np.ndarray,
     cfg: CacheConfig,
 ) -> tuple[list[Candidate], list[Candidate], list[Candidate]]:
-    """Ranked (inter, intra, reclaim) lists, each cut to ``ATTEMPTS_PER_OP × max_ops_per_scan`` entries."""
-    limit = ATTEMPTS_PER_OP * cfg.max_ops_per_scan
-    empty: list[Candidate] = []
-    if act.size == 0 or limit == 0:
-        return empty, empty, []
-    rc = trie.rc[act]
-    has_holder = rc.any(axis=1)[:, None]
-    exists = (degree_counts > 0)[None, :]
+    """Ranked (inter, intra, reclaim) lists, each cut to ``ATTEMPTS_PER_OP × max_ops_per_scan`` entries.
 
-    n_deg = rc.shape[1]
-    i, d = np.nonzero((rc == 0) & (mis > cfg.theta_inter) & has_holder & exists)
-    keep = _collapse(trie, act[i], d, n_deg)
+    After the cut, reclaim candidates whose z has a single valid copy in the pool are left out: reclamation
+    never takes the last copy (:func:`vertumnus.cache.choose.reclamation`), so they could never yield an op.
+    """
+    limit = ATTEMPTS_PER_OP * cfg.max_ops_per_scan
+    if act.size == 0 or limit == 0:
+        return [], [], []
+    rc = trie.rc[act]
+    return (
+        _inter(trie, act, rc, mis, degree_counts, cfg.theta_inter, limit),
+        _intra(trie, act, rc, acc, degree_counts, cfg.theta_intra, limit),
+        _reclaim(trie, act, rc, acc, cfg.theta_reclaim, limit),
+    )
+
+
+def _inter(
+    trie: Trie, act: np.ndarray, rc: np.ndarray, mis: np.ndarray, counts: np.ndarray, theta: float, limit: int
+) -> list[Candidate]:
+    exists = counts > 0
+    if np.count_nonzero(exists) < 2:  # rc = 0 at C next to a holder of another degree needs two degrees
+        return []
+    i, d = np.nonzero((rc == 0) & (mis > theta) & any_nonzero(rc)[:, None] & exists[None, :])
+    if i.size == 0:
+        return []
+    keep = _collapse(trie, act[i], d, rc.shape[1])
     i, d = i[keep], d[keep]
     rows, zero = act[i], np.zeros(i.size, np.int64)
     fp = footprints(trie, rows, d, zero)
     score = mis[i, d] / fp
     order = np.lexsort((d, rows, fp, -score))[:limit]
-    inter = _cands(rows[order], d[order], zero[order], score[order], fp[order])
+    return _cands(rows[order], d[order], zero[order], score[order], fp[order])
 
-    i, d = np.nonzero((rc > 0) & (acc > rc * cfg.theta_intra) & (rc < degree_counts[None, :]))
-    keep = _collapse(trie, act[i], d, n_deg)
+
+def _intra(
+    trie: Trie, act: np.ndarray, rc: np.ndarray, acc: np.ndarray, counts: np.ndarray, theta: float, limit: int
+) -> list[Candidate]:
+    i, d = np.nonzero((rc > 0) & (acc > rc * theta) & (rc < counts[None, :]))
+    if i.size == 0:
+        return []
+    keep = _collapse(trie, act[i], d, rc.shape[1])
     i, d = i[keep], d[keep]
     rows, r = act[i], rc[i, d].astype(np.int64)
     score = acc[i, d] / r
     fp = footprints(trie, rows, d, r)
     order = np.lexsort((d, rows, fp, -score))
-    intra = _near_tie_order(_cands(rows[order], d[order], r[order], score[order], fp[order]), limit)
+    return _near_tie_order(_cands(rows[order], d[order], r[order], score[order], fp[order]), limit)
 
-    i, d = np.nonzero((rc > 0) & (acc < rc * cfg.theta_reclaim))
+
+def _reclaim(trie: Trie, act: np.ndarray, rc: np.ndarray, acc: np.ndarray, theta: float, limit: int) -> list[Candidate]:
+    i, d = np.nonzero((rc > 0) & (acc < rc * theta))
+    if i.size == 0:
+        return []
     rows, r = act[i], rc[i, d].astype(np.int64)
     score = acc[i, d] / r
     order = np.lexsort((d, rows, -trie.depth[rows], score))[:limit]
-    reclaim = _cands(rows[order], d[order], r[order], score[order], np.zeros(order.size, np.int64))
-    return inter, intra, reclaim
+    order = order[rc[i[order]].sum(axis=1) > 1]  # Σ_C rc[z, C] = valid copies of z over all degrees
+    return _cands(rows[order], d[order], r[order], score[order], np.zeros(order.size, np.int64))
 
 
 def _near_tie_order(ranked: list[Candidate], limit: int) -> list[Candidate]:

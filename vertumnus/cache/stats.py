@@ -28,15 +28,33 @@ def marginal_benefit(
     return np.maximum(e[:-1] - e[1:], 0.0)
 
 
+_BENEFIT_CACHE = 64  # (degree, input length) pairs whose Δ vector is kept (a bench / burst of equal prompts)
+
+
 class Recorder:
     """Per-placement statistics update over one trie (binds the cost model and the block size)."""
 
-    __slots__ = ("block_tokens", "cost", "trie")
+    __slots__ = ("_benefit", "block_tokens", "cost", "trie")
 
     def __init__(self, trie: Trie, cost: CostModel, block_tokens: int) -> None:
         self.trie = trie
         self.cost = cost
         self.block_tokens = block_tokens
+        # (C, L) -> Δ(z) for path positions 0..⌈L/B⌉-1: element j is the same float marginal_benefit computes
+        # for any range containing j (elementwise arithmetic), so slices of it serve every placement of (C, L).
+        self._benefit: dict[tuple[int, int], np.ndarray] = {}
+
+    def benefit(self, degree: int, input_len: int, first: int, last: int) -> np.ndarray:
+        """``marginal_benefit(cost, degree, input_len, first, last, block_tokens)``, cached per (C, L)."""
+        key = (degree, input_len)
+        full = self._benefit.get(key)
+        if full is None or full.size < last:
+            n = max(last, -(-input_len // self.block_tokens))
+            full = marginal_benefit(self.cost, degree, input_len, 0, n, self.block_tokens)
+            if len(self._benefit) >= _BENEFIT_CACHE:
+                del self._benefit[next(iter(self._benefit))]  # oldest entry
+            self._benefit[key] = full
+        return full[first:last]
 
     def record(
         self, path: np.ndarray, reused: int, dix_w: int, pref_degree: int, dix_pref: int, input_len: int
@@ -44,21 +62,23 @@ class Recorder:
         """access[z, C_w] += 1 on the first ``reused`` rows of ``path`` (root→leaf, the matched path);
         missed[z, C_pref] += Δ(z) on the matched rows where no degree-C_pref worker holds z."""
         trie = self.trie
-        if reused > 0:
-            rows = path[:reused]
-            trie.access[rows, dix_w] += 1.0
-            trie.active.update(rows.tolist())
         matched = path.size
         if matched == 0:
             return
+        if reused > 0:
+            trie.acc_col[dix_w][path[:reused]] += 1.0
         # rc is non-increasing along a path (holders are ancestor-closed): rows with rc = 0 form a suffix.
-        k0 = int(np.count_nonzero(trie.rc[path, dix_pref]))
+        k0 = int(np.count_nonzero(trie.rc_col[dix_pref][path]))
         if k0 >= matched:
+            if reused > 0:
+                trie.active.add(path[:reused])
             return
-        delta = marginal_benefit(self.cost, pref_degree, input_len, k0, matched, self.block_tokens)
-        rows = path[k0:]
-        trie.missed[rows, dix_pref] += delta
-        trie.active.update(rows.tolist())
+        trie.mis_col[dix_pref][path[k0:]] += self.benefit(pref_degree, input_len, k0, matched)
+        if reused >= k0:  # the two row sets cover the whole path
+            trie.active.add(path)
+        else:
+            trie.active.add(path[:reused])
+            trie.active.add(path[k0:])
 
 
 def decay(trie: Trie, factor: float, epsilon: float, act: np.ndarray, acc: np.ndarray, mis: np.ndarray) -> int:
@@ -75,13 +95,21 @@ def decay(trie: Trie, factor: float, epsilon: float, act: np.ndarray, acc: np.nd
     mis[mis < epsilon] = 0.0
     trie.access[act] = acc
     trie.missed[act] = mis
-    dead = act[~(acc.any(axis=1) | mis.any(axis=1))]
-    trie.active.difference_update(dead.tolist())
+    dead = act[~any_nonzero(acc, mis)]
+    trie.active.remove(dead)
     return int(dead.size)
+
+
+def any_nonzero(*tables: np.ndarray) -> np.ndarray:
+    """Per row: some entry of some ``(n, k)`` table is non-zero. Column-wise ORs over the few degree columns
+    (numpy reduces along a short inner axis row by row, several times slower)."""
+    cols = [t[:, j] for t in tables for j in range(t.shape[1])]
+    live = cols[0] != 0
+    for c in cols[1:]:
+        live |= c != 0
+    return live
 
 
 def active_rows(trie: Trie) -> np.ndarray:
     """The active rows as a sorted int64 array."""
-    act = np.fromiter(trie.active, np.int64, len(trie.active))
-    act.sort()
-    return act
+    return trie.active.rows()

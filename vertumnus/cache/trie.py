@@ -21,13 +21,18 @@ A node is freed as soon as it has no marks and no children; freeing cascades to 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 
 import numpy as np
+
+from vertumnus.cache.active import ActiveRows
 
 ROOT = 0
 NONE = -1
 ALL_ONES = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+_NO_ROWS = np.zeros(0, np.int64)
 # Per-row arrays and the value of a fresh row.
 _FIELDS = (
     ("key", 0),
@@ -50,14 +55,35 @@ def mask_int(mask: np.ndarray) -> int:
     return int.from_bytes(np.ascontiguousarray(mask, dtype="<u8").tobytes(), "little")
 
 
+def row_bits(masks: np.ndarray, row: int) -> int:
+    """Row ``row`` of a ``(rows, words)`` mask array as one Python int (bit s = slot s)."""
+    if masks.shape[1] == 1:
+        return int(masks[row, 0])
+    return mask_int(masks[row])
+
+
 def int_mask(bits: int, words: int) -> np.ndarray:
     """Inverse of :func:`mask_int`."""
     return np.frombuffer(bits.to_bytes(8 * words, "little"), dtype="<u8").astype(np.uint64)
 
 
-def leading_runs(rows: np.ndarray) -> dict[int, int]:
+_PACKERS: dict[int, struct.Struct] = {}  # per length: one entry per distinct path length (≤ blocks per prompt)
+
+
+def int64_array(values: Sequence[int]) -> np.ndarray:
+    """Python ints as a read-only int64 array: packing with a precompiled ``struct`` costs a fraction of
+    numpy's per-element conversion (``np.array`` / ``np.fromiter``) of Python ints."""
+    n = len(values)
+    packer = _PACKERS.get(n)
+    if packer is None:
+        packer = _PACKERS[n] = struct.Struct(f"{n}q")
+    return np.frombuffer(packer.pack(*values), np.int64)
+
+
+def leading_runs(rows: np.ndarray, names: Sequence[int] | None = None) -> dict[int, int]:
     """Per worker slot with a non-empty run, the number of leading rows of ``rows`` (``(n, words)`` uint64
-    masks along a root→z path) that have the slot's bit: the blocks each worker holds at the head of the path.
+    masks along a root→z path, or ``(n,)`` for one word) that have the slot's bit: the blocks each worker
+    holds at the head of the path. With ``names`` the result is keyed by ``names[slot]`` instead.
 
     Masks are ancestor-closed, so a slot's rows form a leading run and each slot leaves it at most once: only
     rows where the mask changes are looked at — O(n) vector work plus O(changes + slots) Python.
@@ -65,25 +91,33 @@ def leading_runs(rows: np.ndarray) -> dict[int, int]:
     n = rows.shape[0]
     if n == 0:
         return {}
-    if rows.shape[1] == 1:
-        col = rows[:, 0]
-        at = np.flatnonzero(col[1:] != col[:-1])
-        before, after, last = col[at].tolist(), col[at + 1].tolist(), int(col[-1])
+    if rows.ndim == 1 or rows.shape[1] == 1:
+        col = rows if rows.ndim == 1 else rows[:, 0]
+        nz = (col[1:] != col[:-1]).nonzero()[0]
+        # The mask is constant between two change positions, so the value after change i is the value at
+        # change i + 1 (and after the last change, the last row's): one gather gives both sides.
+        at = nz.tolist()
+        before = col[nz].tolist()
+        last = int(col[n - 1])
     else:
-        at = np.flatnonzero((rows[1:] != rows[:-1]).any(axis=1))
-        before = [mask_int(rows[i]) for i in at.tolist()]
-        after = [mask_int(rows[i + 1]) for i in at.tolist()]
-        last = mask_int(rows[-1])
+        at = np.flatnonzero((rows[1:] != rows[:-1]).any(axis=1)).tolist()
+        before = [mask_int(rows[i]) for i in at]
+        last = mask_int(rows[n - 1])
+    after = before[1:]
+    if before:
+        after.append(last)
     out: dict[int, int] = {}
-    for i, a, b in zip(at.tolist(), before, after, strict=True):
+    for i, a, b in zip(at, before, after, strict=True):
         gone = a & ~b  # slots holding exactly rows [0, i]
         while gone:
             low = gone & -gone
-            out[low.bit_length() - 1] = i + 1
+            s = low.bit_length() - 1
+            out[s if names is None else names[s]] = i + 1
             gone ^= low
     while last:
         low = last & -last
-        out[low.bit_length() - 1] = n
+        s = low.bit_length() - 1
+        out[s if names is None else names[s]] = n
         last ^= low
     return out
 
@@ -93,23 +127,29 @@ class Trie:
     counters); this class owns structure, growth and freeing."""
 
     __slots__ = (
+        "acc_col",
         "access",
         "active",
         "depth",
         "first_child",
         "free",
+        "hold_col",
         "holders",
         "index",
         "key",
+        "mis_col",
         "missed",
         "n_nodes",
         "next_sib",
         "parent",
+        "pend_col",
         "pending",
         "pending_marks",
+        "pres_col",
         "present",
         "prev_sib",
         "rc",
+        "rc_col",
         "size",
         "version",
     )
@@ -129,13 +169,25 @@ class Trie:
         self.rc = np.zeros((cap, n_degrees), np.int32)
         self.access = np.zeros((cap, n_degrees), np.float64)
         self.missed = np.zeros((cap, n_degrees), np.float64)
-        self.active: set[int] = set()
+        self.active = ActiveRows(cap)
         self.free: list[int] = []
         self.depth[ROOT] = 0
         self.size = 1  # rows [0, size) have been handed out at least once
         self.n_nodes = 0  # live nodes, root excluded
         self.version = 0  # bumped whenever rows are created or freed (cached paths become stale)
         self.pending_marks = 0  # set bits in ``pending`` over all rows (0: matching skips the pending pass)
+        self._columns()
+
+    def _columns(self) -> None:
+        """1-D column views (mask word k, degree index d): ``col[rows]`` is numpy's fast 1-D take / put, where
+        ``array[rows, k]`` goes through general 2-D fancy indexing at several times the cost. Views follow
+        the arrays: rebuilt whenever ``_grow`` / ``add_word`` replace them."""
+        self.hold_col = [self.holders[:, k] for k in range(self.holders.shape[1])]
+        self.pend_col = [self.pending[:, k] for k in range(self.pending.shape[1])]
+        self.pres_col = [self.present[:, k] for k in range(self.present.shape[1])]
+        self.rc_col = [self.rc[:, d] for d in range(self.rc.shape[1])]
+        self.acc_col = [self.access[:, d] for d in range(self.access.shape[1])]
+        self.mis_col = [self.missed[:, d] for d in range(self.missed.shape[1])]
 
     # -- growth ---------------------------------------------------------------------------------------------
     @property
@@ -154,24 +206,28 @@ class Trie:
             arr = np.full((new, *old.shape[1:]), fill, old.dtype)
             arr[:cap] = old
             setattr(self, name, arr)
+        self.active.grow(new)
+        self._columns()
 
     def add_word(self) -> None:
         """One more 64-slot word in every mask (called when a worker slot ≥ 64·words is allocated)."""
         for name in ("holders", "pending", "present"):
             old = getattr(self, name)
             setattr(self, name, np.hstack([old, np.zeros((old.shape[0], 1), np.uint64)]))
+        self._columns()
 
     # -- structure ------------------------------------------------------------------------------------------
-    def lookup(self, keys: Sequence[int]) -> list[int]:
-        """Rows of the longest leading run of ``keys`` present in the trie.
+    def lookup(self, keys: Sequence[int]) -> np.ndarray:
+        """Rows (int64, read-only) of the longest leading run of ``keys`` present in the trie.
 
         Chained keys make presence prefix-closed (a present key's parent is present), so the run's end is
-        found by binary search — O(log n) probes — and only the matched keys are then mapped to rows.
+        found by binary search — O(log n) probes — and only the matched keys are then mapped to rows, in one
+        C-level pass (``itemgetter``).
         """
         index = self.index
         n = len(keys)
         if n == 0:
-            return []
+            return _NO_ROWS
         if keys[n - 1] in index:
             m = n
         else:
@@ -183,49 +239,77 @@ class Trie:
                 else:
                     hi = mid
             m = lo
-        rows = list(map(index.get, keys[:m]))
-        if None in rows:  # only for an inconsistent (non-chained) key sequence
+        if m == 0:
+            return _NO_ROWS
+        if m == 1:
+            return int64_array((index[keys[0]],))
+        try:
+            return int64_array(itemgetter(*keys[:m])(index))
+        except KeyError:  # only for an inconsistent (non-chained) key sequence: stop at the first absent key
+            rows = list(map(index.get, keys[:m]))
             rows = rows[: rows.index(None)]
-        return rows  # type: ignore[return-value]
+            return int64_array(rows) if rows else _NO_ROWS  # type: ignore[arg-type]
 
-    def extend(self, parent: int, keys: Sequence[int]) -> list[int]:
-        """Create a chain of new nodes for ``keys`` under ``parent``; returns their rows.
+    def extend(self, parent: int, keys: Sequence[int]) -> np.ndarray:
+        """Create a chain of new nodes for ``keys`` under ``parent``; returns their rows (int64).
 
         Stops early at a key that already exists elsewhere (an inconsistent report); the caller sees the
-        shorter chain.
+        shorter chain. New rows come from the free list first (last freed first), then from ``size`` on.
         """
         index = self.index
-        seen = list(map(index.__contains__, keys))
-        n = seen.index(True) if True in seen else len(keys)
+        if any(map(index.__contains__, keys)):
+            keys = keys[: list(map(index.__contains__, keys)).index(True)]
+        n = len(keys)
         if n == 0:
-            return []
-        keys = keys[:n]
-        rows = self._alloc(n)
-        arr = np.asarray(rows, np.int64)
-        self.key[arr] = np.asarray(keys, np.int64)
+            return _NO_ROWS
+        d0 = int(self.depth[parent]) + 1
+        if self.free:
+            arr = self._link_recycled(parent, keys, d0)
+        else:
+            # Fast path: rows [lo, hi) were never handed out, so every field already holds its fill value
+            # (no children, no siblings, no marks, no statistics): only key / parent / depth / child are set.
+            lo, hi = self.size, self.size + n
+            if hi > self.capacity:
+                self._grow(hi)
+            self.size = hi
+            arr = np.arange(lo, hi, dtype=np.int64)
+            self.key[lo:hi] = int64_array(keys)
+            self.parent[lo] = parent
+            self.parent[lo + 1 : hi] = arr[:-1]
+            self.depth[lo:hi] = arr + (d0 - lo)
+            self.first_child[lo : hi - 1] = arr[1:]
+        # Link the chain head in front of parent's child list.
+        head = int(arr[0])
+        old = int(self.first_child[parent])
+        self.next_sib[head] = old
+        if old != NONE:
+            self.prev_sib[old] = head
+        self.first_child[parent] = head
+        index.update(zip(keys, arr.tolist(), strict=True))
+        self.n_nodes += n
+        self.version += 1
+        return arr
+
+    def _link_recycled(self, parent: int, keys: Sequence[int], d0: int) -> np.ndarray:
+        """Rows for a chain that reuses freed rows (scattered: set field by field through the row list)."""
+        n = len(keys)
+        arr = np.asarray(self._alloc(n), np.int64)
+        self.key[arr] = int64_array(keys)
         self.parent[arr[0]] = parent
         self.parent[arr[1:]] = arr[:-1]
-        d0 = int(self.depth[parent]) + 1
         self.depth[arr] = np.arange(d0, d0 + n, dtype=np.int32)
         self.first_child[arr[:-1]] = arr[1:]
         self.first_child[arr[-1]] = NONE
         self.next_sib[arr[1:]] = NONE
         self.prev_sib[arr] = NONE
-        # Link the chain head in front of parent's child list.
-        head = arr[0]
-        old = self.first_child[parent]
-        self.next_sib[head] = old
-        if old != NONE:
-            self.prev_sib[old] = head
-        self.first_child[parent] = head
-        index.update(zip(keys, rows, strict=True))
-        self.n_nodes += n
-        self.version += 1
-        return rows
+        return arr
 
     def _alloc(self, n: int) -> list[int]:
-        take = min(n, len(self.free))
-        rows = [self.free.pop() for _ in range(take)]
+        free = self.free
+        take = min(n, len(free))
+        cut = len(free) - take
+        rows = free[cut:][::-1]  # the order of ``take`` pops
+        del free[cut:]
         rest = n - take
         if rest:
             if self.size + rest > self.capacity:
@@ -269,9 +353,15 @@ class Trie:
     def try_free(self, rows: Iterable[int]) -> int:
         """Free every row of ``rows`` that has no marks and no children, cascading to parents; returns the
         number of freed nodes."""
-        arr = np.unique(np.fromiter(rows, np.int64))
+        arr = np.fromiter(rows, np.int64)
         if arr.size == 0:
             return 0
+        arr.sort()  # ascending and distinct, as np.unique (which also pulls in numpy.ma on first use)
+        if arr.size > 1:
+            keep = np.empty(arr.size, bool)
+            keep[0] = True
+            np.not_equal(arr[1:], arr[:-1], out=keep[1:])
+            arr = arr[keep]
         arr = arr[(arr != ROOT) & (self.depth[arr] > 0)]
         arr = arr[(self.first_child[arr] == NONE) & ~self.has_marks(arr)]
         freed = 0
