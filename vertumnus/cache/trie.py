@@ -67,6 +67,7 @@ def int_mask(bits: int, words: int) -> np.ndarray:
     return np.frombuffer(bits.to_bytes(8 * words, "little"), dtype="<u8").astype(np.uint64)
 
 
+_RUN_MIN = 16  # shorter key sequences / runs are mapped one dict probe per key (see Trie.lookup)
 _PACKERS: dict[int, struct.Struct] = {}  # per length: one entry per distinct path length (≤ blocks per prompt)
 
 
@@ -218,12 +219,48 @@ class Trie:
 
     # -- structure ------------------------------------------------------------------------------------------
     def lookup(self, keys: Sequence[int]) -> np.ndarray:
-        """Rows (int64, read-only) of the longest leading run of ``keys`` present in the trie.
+        """Rows (int64) of the longest leading run of ``keys`` present in the trie.
 
-        Chained keys make presence prefix-closed (a present key's parent is present), so the run's end is
-        found by binary search — O(log n) probes — and only the matched keys are then mapped to rows, in one
-        C-level pass (``itemgetter``).
+        A chain created by one :meth:`extend` lies in consecutive rows, so the path is read run by run: one
+        dict probe for the run's first key, then the request's keys are compared with ``key[r : r + span]``
+        (contiguous memory; a live row holding a key *is* that key's node, the index being a bijection).
+        A path of short runs (assembled piece by piece) is mapped key by key from where the runs get short.
         """
+        n = len(keys)
+        index = self.index
+        if n < _RUN_MIN:
+            return self._lookup_keys(keys)
+        r = index.get(keys[0])
+        if r is None:
+            return _NO_ROWS
+        want = int64_array(keys)
+        key, depth, size = self.key, self.depth, self.size
+        parts: list[np.ndarray] = []
+        j = 0
+        while True:
+            span = min(n - j, size - r)
+            ok = key[r : r + span] == want[j : j + span]
+            ok &= depth[r : r + span] > 0  # freed rows keep their stale keys
+            run = int(ok.argmin())  # first False; 0 when all True (ok[0] always holds: r is keys[j]'s row)
+            if ok[run]:
+                run = span
+            parts.append(np.arange(r, r + run, dtype=np.int64))
+            j += run
+            if j == n:
+                break
+            if run < _RUN_MIN:  # fragmented: the rest key by key
+                parts.append(self._lookup_keys(keys[j:]))
+                break
+            got = index.get(keys[j])
+            if got is None:
+                break
+            r = got
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _lookup_keys(self, keys: Sequence[int]) -> np.ndarray:
+        """:meth:`lookup` with one dict probe per matched key. Chained keys make presence prefix-closed (a
+        present key's parent is present), so the run's end is found by binary search — O(log n) probes —
+        and only the matched keys are then mapped to rows, in one C-level pass (``itemgetter``)."""
         index = self.index
         n = len(keys)
         if n == 0:
