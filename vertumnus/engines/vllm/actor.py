@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 import time
@@ -212,8 +213,11 @@ class EngineActor:
     async def ping(self) -> int:
         return os.getpid()
 
-    async def shutdown(self) -> None:
-        """Stop the engine and its processes (the actor itself is killed by the caller)."""
+    async def shutdown(self, timeout_s: float = 2.0) -> None:
+        """Stop the engine and its processes (SIGTERM, SIGKILL after ``timeout_s``; callers stop only idle,
+        parked engines); the actor itself is killed by the caller."""
         engine, self.engine = self.engine, None
         if engine is not None:
-            await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+            await asyncio.get_running_loop().run_in_executor(
+                None, functools.partial(engine.shutdown, timeout=timeout_s)
+            )
