@@ -101,7 +101,7 @@ class CacheManager:
             self.book.pop(op_id, self.workers.by_id.get(self.book.ops[op_id].op.dst_worker))
         rows = marks.nodes_of(self.trie, w)
         marks.drop(self.trie, w, rows)
-        w.pins.clear()
+        w.pin_index.clear()
         self.workers.remove(w)
         return rows.tolist()
 
@@ -151,12 +151,16 @@ class CacheManager:
         """Mark ``keys[:n_blocks]`` in use at the worker (queued / running request): never reclaimed there."""
         w = self._worker(worker_id)
         if n_blocks > 0:
-            w.add_pin(tuple(keys[:n_blocks]))
+            w.add_pin(keys if type(keys) is tuple else tuple(keys), min(n_blocks, len(keys)))
 
     def unpin(self, worker_id: int, keys: Sequence[int], n_blocks: int) -> None:
         """Release one :meth:`pin` of the same prefix (a removed worker's pins are already gone)."""
         w = self.workers.by_id.get(worker_id)
-        if w is not None and n_blocks > 0 and not w.drop_pin(tuple(keys[:n_blocks])):
+        if (
+            w is not None
+            and n_blocks > 0
+            and not w.drop_pin(keys if type(keys) is tuple else tuple(keys), min(n_blocks, len(keys)))
+        ):
             self.counters["unmatched_unpins"] += 1
 
     def plan_reconcile(self, keys: Sequence[int], worker_id: int, match: PrefixMatch) -> CacheOp | None:

@@ -71,13 +71,18 @@ _RUN_MIN = 16  # shorter key sequences / runs are mapped one dict probe per key 
 _PACKERS: dict[int, struct.Struct] = {}  # per length: one entry per distinct path length (≤ blocks per prompt)
 
 
+# Native "l" where it is 8 bytes: CPython converts multi-digit ints (63-bit keys) to C long by a digit loop,
+# to long long through a generic byte-array routine about twice as slow.
+_INT64 = "l" if struct.calcsize("l") == 8 else "q"
+
+
 def int64_array(values: Sequence[int]) -> np.ndarray:
     """Python ints as a read-only int64 array: packing with a precompiled ``struct`` costs a fraction of
     numpy's per-element conversion (``np.array`` / ``np.fromiter``) of Python ints."""
     n = len(values)
     packer = _PACKERS.get(n)
     if packer is None:
-        packer = _PACKERS[n] = struct.Struct(f"{n}q")
+        packer = _PACKERS[n] = struct.Struct(f"{n}{_INT64}")
     return np.frombuffer(packer.pack(*values), np.int64)
 
 

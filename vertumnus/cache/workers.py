@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,10 @@ class WorkerInfo:
     n_pending: int = 0  # nodes in pending
     n_present: int = 0  # nodes in present (physical, not valid)
     reserved: int = 0  # blocks of outstanding copies into this worker
-    pins: dict[tuple[int, ...], int] = field(default_factory=dict)  # prefix in use -> count
+    # Prefixes in use (queued / running requests): (last key, length) -> [[keys, count], ...], the prefix being
+    # keys[:length]. Chained keys make (last key, length) identify a prefix without hashing all its keys; a
+    # bucket still tells different prefixes apart by comparing them, so any key sequence is handled exactly.
+    pin_index: dict[tuple[int | None, int], list[list[Any]]] = field(default_factory=dict)
 
     @property
     def cached(self) -> int:
@@ -44,20 +48,45 @@ class WorkerInfo:
     def pressure(self) -> float:
         return self.cached / self.capacity
 
-    def add_pin(self, prefix: tuple[int, ...]) -> None:
-        self.pins[prefix] = self.pins.get(prefix, 0) + 1
+    @property
+    def pins(self) -> dict[tuple[int, ...], int]:
+        """Prefix in use -> count (built for inspection)."""
+        return {tuple(keys[:n]): c for (_, n), bucket in self.pin_index.items() for keys, c in bucket}
 
-    def drop_pin(self, prefix: tuple[int, ...]) -> bool:
-        """Release one pin of ``prefix``; False if it was not pinned."""
-        n = self.pins.get(prefix, 0)
-        if n <= 1:
-            return self.pins.pop(prefix, None) is not None
-        self.pins[prefix] = n - 1
-        return True
+    def add_pin(self, keys: tuple[int, ...], n: int) -> None:
+        """One more use of the prefix ``keys[:n]``."""
+        bucket = self.pin_index.setdefault((keys[n - 1] if n else None, n), [])
+        for entry in bucket:
+            if _same_prefix(entry[0], keys, n):
+                entry[1] += 1
+                return
+        bucket.append([keys, 1])
+
+    def drop_pin(self, keys: tuple[int, ...], n: int) -> bool:
+        """Release one use of the prefix ``keys[:n]``; False if it was not pinned."""
+        at = (keys[n - 1] if n else None, n)
+        bucket = self.pin_index.get(at)
+        if bucket is None:
+            return False
+        for i, entry in enumerate(bucket):
+            if _same_prefix(entry[0], keys, n):
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del bucket[i]
+                    if not bucket:
+                        del self.pin_index[at]
+                return True
+        return False
 
     def pinned(self, key: int, depth: int) -> bool:
         """Whether the prefix ending at the block ``key`` at ``depth`` is part of a prefix in use here."""
-        return any(len(p) >= depth and p[depth - 1] == key for p in self.pins)
+        return any(
+            n >= depth and keys[depth - 1] == key for (_, n), bucket in self.pin_index.items() for keys, _ in bucket
+        )
+
+
+def _same_prefix(a: tuple[int, ...], b: tuple[int, ...], n: int) -> bool:
+    return a is b or a[:n] == b[:n]
 
 
 class WorkerTable:
