@@ -8,6 +8,7 @@ Invariants (checked by tests, kept by every mutator here):
   capacity − Σ reserved KV blocks of those tickets; ``outstanding[w]`` = Σ uncached blocks of those tickets;
 - at most one running ticket per worker: ``run_start[w]`` / ``run_est[w]`` (0 when idle), so
   ``q_w(now) = reserved_s − min(now − run_start, run_est)`` is O(1) per worker and never rescans a queue;
+  ``busy`` = rows with a running ticket: every other row has run_start = run_est = 0, so q_w = reserved_s;
 - a worker with no tickets has ``reserved_s == 0.0`` exactly (reset, so float drift cannot accumulate).
 """
 
@@ -55,6 +56,7 @@ class WorkerTable:
 
     __slots__ = (
         "active",
+        "busy",
         "degree",
         "free_blocks",
         "index",
@@ -77,6 +79,7 @@ class WorkerTable:
         self.run_est = np.zeros(0, dtype=np.float64)
         self.free_blocks = np.zeros(0, dtype=np.int64)
         self.outstanding = np.zeros(0, dtype=np.int64)
+        self.busy: set[int] = set()
 
     # -- membership ---------------------------------------------------------------------------------------
     def add(self, info: WorkerInfo, state: WorkerState) -> None:
@@ -125,6 +128,7 @@ class WorkerTable:
         self.free_blocks = np.array(cols[5], dtype=np.int64)
         self.outstanding = np.array(cols[6], dtype=np.int64)
         self.active = self.state == int(WorkerState.ACTIVE)
+        self.busy = {i for i, inf in enumerate(self.infos) if inf.running is not None}
 
     def set_state(self, worker_id: int, state: WorkerState) -> None:
         i = self.index[worker_id]
@@ -150,6 +154,7 @@ class WorkerTable:
         self.infos[i].running = ticket.request.request_id
         self.run_start[i] = now
         self.run_est[i] = ticket.placement.predicted_s
+        self.busy.add(i)
 
     def release(self, ticket: Ticket) -> None:
         """Detach a ticket (done, withdrawn, or its worker failed) and undo its contribution."""
@@ -163,6 +168,7 @@ class WorkerTable:
             info.running = None
             self.run_start[i] = 0.0
             self.run_est[i] = 0.0
+            self.busy.discard(i)
         if info.tickets:
             self.reserved_s[i] -= ticket.placement.predicted_s
             self.free_blocks[i] += ticket.blocks
@@ -174,6 +180,8 @@ class WorkerTable:
 
     def queue_vector(self, now: float) -> np.ndarray:
         """q_w(now) for every row (seconds)."""
+        if not self.busy:  # nothing running: min(max(now − 0, 0), 0) = 0 everywhere
+            return self.reserved_s.copy()
         elapsed = np.minimum(np.maximum(now - self.run_start, 0.0), self.run_est)
         return self.reserved_s - elapsed
 
