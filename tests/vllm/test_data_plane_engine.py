@@ -114,6 +114,13 @@ def test_prefill_events_and_reuse(env: Env) -> None:
     assert env.ev.since(0, "report")[1] == ("report", 0, "STORED", 2)  # 2 full 128-token trie blocks
 
 
+def test_out_of_range_token_ids_are_refused_before_they_reach_the_engine(env: Env) -> None:
+    bad = env.prefill(0, "bad", [*PROMPT[:10], 600])  # vocab 512: the engine core would die on it
+    assert (bad.ok, bad.error) == (False, "token ids must lie in [0, 512)")
+    assert env.prefill(0, "p2b", [*PROMPT, 7, 7]).cached_tokens == 288  # the engine still serves
+    assert not env.ev.since(0, "failed")
+
+
 def test_profiling_hook_times_a_queue_free_prefill(env: Env) -> None:
     """``EngineActor.profile_prefill`` (what ``vertumnus profile --engine vllm`` times) on the running engine."""
     actor = env.plane.workers[0].actor

@@ -237,9 +237,12 @@ class VllmDataPlane:
         req, wid = job.request, w.worker_id
         started = self.clock()
         self.events.prefill_started(wid, req.request_id, started)
-        if req.token_ids is None:
-            result = PrefillResult(req.request_id, wid, 0, started, self.clock(), False, "request without token ids")
-            self.events.prefill_done(result)
+        vocab = int(w.info.get("vocab_size", 1 << 62))
+        bad = "request without token ids" if req.token_ids is None else None
+        if req.token_ids and (min(req.token_ids) < 0 or max(req.token_ids) >= vocab):
+            bad = f"token ids must lie in [0, {vocab})"  # an out-of-range id would kill the engine core
+        if bad is not None or req.token_ids is None:
+            self.events.prefill_done(PrefillResult(req.request_id, wid, 0, started, self.clock(), False, bad))
             return
         if job.reconcile is not None:
             ops.expect(self, w, job.reconcile)
