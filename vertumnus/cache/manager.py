@@ -240,7 +240,7 @@ class CacheManager:
         self.counters["scans"] += 1
         trie = self.trie
         act = cstats.active_rows(trie)
-        acc, mis = trie.access[act], trie.missed[act]
+        acc, mis = trie.access.T.take(act, axis=1), trie.missed.T.take(act, axis=1)  # (degrees, rows)
         ops: list[CacheOp] = []
         if self.cfg.replication and act.size:
             inter, intra, recl = find(trie, act, acc, mis, self.workers.degree_counts, self.cfg)

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vertumnus.cache.stats import any_nonzero
 from vertumnus.cache.trie import ROOT, Trie
 from vertumnus.config import CacheConfig
 
@@ -81,17 +80,21 @@ def find(
 ) -> tuple[list[Candidate], list[Candidate], list[Candidate]]:
     """Ranked (inter, intra, reclaim) lists, each cut to ``ATTEMPTS_PER_OP × max_ops_per_scan`` entries.
 
-    After the cut, reclaim candidates whose z has a single valid copy in the pool are left out: reclamation
-    never takes the last copy (:func:`vertumnus.cache.choose.reclamation`), so they could never yield an op.
+    ``acc`` / ``mis``: the statistics of the rows ``act`` laid out per degree, shape (degrees, rows): the
+    element-wise tests then run along rows (numpy loops over a short inner axis of degrees several times
+    slower). After the cut, reclaim candidates whose z has a single valid copy in the pool are left out:
+    reclamation never takes the last copy (:func:`vertumnus.cache.choose.reclamation`), so they could never
+    yield an op.
     """
     limit = ATTEMPTS_PER_OP * cfg.max_ops_per_scan
     if act.size == 0 or limit == 0:
         return [], [], []
-    rc = trie.rc[act]
+    rc = trie.rc.T.take(act, axis=1)  # (degrees, rows)
+    rcf = rc.astype(np.float64)  # r·θ without mixed-type loops (same values as rc * θ)
     return (
         _inter(trie, act, rc, mis, degree_counts, cfg.theta_inter, limit),
-        _intra(trie, act, rc, acc, degree_counts, cfg.theta_intra, limit),
-        _reclaim(trie, act, rc, acc, cfg.theta_reclaim, limit),
+        _intra(trie, act, rc, rcf, acc, degree_counts, cfg.theta_intra, limit),
+        _reclaim(trie, act, rc, rcf, acc, cfg.theta_reclaim, limit),
     )
 
 
@@ -101,41 +104,58 @@ def _inter(
     exists = counts > 0
     if np.count_nonzero(exists) < 2:  # rc = 0 at C next to a holder of another degree needs two degrees
         return []
-    i, d = np.nonzero((rc == 0) & (mis > theta) & any_nonzero(rc)[:, None] & exists[None, :])
+    held = np.asarray(rc.any(axis=0))  # some holder of any degree
+    d, i = np.nonzero((rc == 0) & (mis > theta) & held[None, :] & exists[:, None])
     if i.size == 0:
         return []
-    keep = _collapse(trie, act[i], d, rc.shape[1])
+    keep = _collapse(trie, act[i], d, rc.shape[0])
     i, d = i[keep], d[keep]
     rows, zero = act[i], np.zeros(i.size, np.int64)
     fp = footprints(trie, rows, d, zero)
-    score = mis[i, d] / fp
-    order = np.lexsort((d, rows, fp, -score))[:limit]
+    score = mis[d, i] / fp
+    if score.size > limit:  # only the `limit` best can be taken: sort just those (and ties at the cut)
+        keep = np.flatnonzero(score >= -np.partition(-score, limit - 1)[limit - 1])
+        rows, d, zero, score, fp = rows[keep], d[keep], zero[keep], score[keep], fp[keep]
+    order = np.lexsort((d, rows, fp, -score))[:limit]  # unique (row, degree) keys: a total order
     return _cands(rows[order], d[order], zero[order], score[order], fp[order])
 
 
 def _intra(
-    trie: Trie, act: np.ndarray, rc: np.ndarray, acc: np.ndarray, counts: np.ndarray, theta: float, limit: int
+    trie: Trie,
+    act: np.ndarray,
+    rc: np.ndarray,
+    rcf: np.ndarray,
+    acc: np.ndarray,
+    counts: np.ndarray,
+    theta: float,
+    limit: int,
 ) -> list[Candidate]:
-    i, d = np.nonzero((rc > 0) & (acc > rc * theta) & (rc < counts[None, :]))
+    d, i = np.nonzero((rc > 0) & (acc > rcf * theta) & (rc < counts.astype(rc.dtype)[:, None]))
     if i.size == 0:
         return []
-    keep = _collapse(trie, act[i], d, rc.shape[1])
+    keep = _collapse(trie, act[i], d, rc.shape[0])
     i, d = i[keep], d[keep]
-    rows, r = act[i], rc[i, d].astype(np.int64)
-    score = acc[i, d] / r
+    rows, r = act[i], rc[d, i].astype(np.int64)
+    score = acc[d, i] / r
     fp = footprints(trie, rows, d, r)
     order = np.lexsort((d, rows, fp, -score))
     return _near_tie_order(_cands(rows[order], d[order], r[order], score[order], fp[order]), limit)
 
 
-def _reclaim(trie: Trie, act: np.ndarray, rc: np.ndarray, acc: np.ndarray, theta: float, limit: int) -> list[Candidate]:
-    i, d = np.nonzero((rc > 0) & (acc < rc * theta))
+def _reclaim(
+    trie: Trie, act: np.ndarray, rc: np.ndarray, rcf: np.ndarray, acc: np.ndarray, theta: float, limit: int
+) -> list[Candidate]:
+    d, i = np.nonzero((rc > 0) & (acc < rcf * theta))
     if i.size == 0:
         return []
-    rows, r = act[i], rc[i, d].astype(np.int64)
-    score = acc[i, d] / r
+    if i.size > limit:  # only the `limit` best can be taken: sort just those (and ties at the cut)
+        score = acc[d, i] / rcf[d, i]
+        keep = np.flatnonzero(score <= np.partition(score, limit - 1)[limit - 1])
+        d, i = d[keep], i[keep]
+    rows, r = act[i], rc[d, i].astype(np.int64)
+    score = acc[d, i] / r
     order = np.lexsort((d, rows, -trie.depth[rows], score))[:limit]
-    order = order[rc[i[order]].sum(axis=1) > 1]  # Σ_C rc[z, C] = valid copies of z over all degrees
+    order = order[rc[:, i[order]].sum(axis=0) > 1]  # Σ_C rc[z, C] = valid copies of z over all degrees
     return _cands(rows[order], d[order], r[order], score[order], np.zeros(order.size, np.int64))
 
 

@@ -226,24 +226,24 @@ class Trie:
     def lookup(self, keys: Sequence[int]) -> np.ndarray:
         """Rows (int64) of the longest leading run of ``keys`` present in the trie.
 
-        A chain created by one :meth:`extend` lies in consecutive rows, so the path is read run by run: one
-        dict probe for the run's first key, then the request's keys are compared with ``key[r : r + span]``
-        (contiguous memory; a live row holding a key *is* that key's node, the index being a bijection).
-        A path of short runs (assembled piece by piece) is mapped key by key from where the runs get short.
+        Chained keys make presence prefix-closed (a present key's parent is present), so the run's end m is
+        found by binary search — O(log n) probes. A chain created by one :meth:`extend` lies in consecutive
+        rows, so ``keys[:m]`` are then read run by run: one dict probe for a run's first key, then a compare
+        of the keys with ``key[r : r + span]`` (contiguous memory; a live row holding a key *is* that key's
+        node, the index being a bijection). Short matches, and paths that continue in short runs (assembled
+        piece by piece), are mapped one dict probe per key instead.
         """
-        n = len(keys)
         index = self.index
-        if n < _RUN_MIN:
-            return self._lookup_keys(keys)
-        r = index.get(keys[0])
-        if r is None:
-            return _NO_ROWS
-        want = int64_array(keys)
+        m = self._present_prefix(keys)
+        if m < _RUN_MIN:
+            return self._map_keys(keys, m)
+        r = index[keys[0]]
+        want = int64_array(keys[:m])
         key, depth, size = self.key, self.depth, self.size
         parts: list[np.ndarray] = []
         j = 0
         while True:
-            span = min(n - j, size - r)
+            span = min(m - j, size - r)
             ok = key[r : r + span] == want[j : j + span]
             ok &= depth[r : r + span] > 0  # freed rows keep their stale keys
             run = int(ok.argmin())  # first False; 0 when all True (ok[0] always holds: r is keys[j]'s row)
@@ -251,40 +251,42 @@ class Trie:
                 run = span
             parts.append(np.arange(r, r + run, dtype=np.int64))
             j += run
-            if j == n:
+            if j == m:
                 break
             if run < _RUN_MIN:  # fragmented: the rest key by key
-                parts.append(self._lookup_keys(keys[j:]))
+                parts.append(self._map_keys(keys[j:], m - j))
                 break
             got = index.get(keys[j])
-            if got is None:
+            if got is None:  # an inconsistent (non-chained) key sequence: stop at the first absent key
                 break
             r = got
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def _lookup_keys(self, keys: Sequence[int]) -> np.ndarray:
-        """:meth:`lookup` with one dict probe per matched key. Chained keys make presence prefix-closed (a
-        present key's parent is present), so the run's end is found by binary search — O(log n) probes —
-        and only the matched keys are then mapped to rows, in one C-level pass (``itemgetter``)."""
+    def _present_prefix(self, keys: Sequence[int]) -> int:
+        """Length m of the leading present run of ``keys`` by binary search, assuming presence is
+        prefix-closed (``keys[m]`` is absent or m = len(keys); for a non-chained sequence, some key before
+        m may be absent too)."""
         index = self.index
         n = len(keys)
-        if n == 0:
-            return _NO_ROWS
-        if keys[n - 1] in index:
-            m = n
-        else:
-            lo, hi = 0, n - 1  # keys[hi] is absent; find the first absent position
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if keys[mid] in index:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            m = lo
+        if n == 0 or keys[n - 1] in index:
+            return n
+        lo, hi = 0, n - 1  # keys[hi] is absent; find the first absent position
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if keys[mid] in index:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _map_keys(self, keys: Sequence[int], m: int) -> np.ndarray:
+        """Rows of ``keys[:m]`` (cut at the first absent key), one C-level dict pass (``itemgetter``)."""
+        index = self.index
         if m == 0:
             return _NO_ROWS
         if m == 1:
-            return int64_array((index[keys[0]],))
+            got = index.get(keys[0])
+            return _NO_ROWS if got is None else int64_array((got,))
         try:
             return int64_array(itemgetter(*keys[:m])(index))
         except KeyError:  # only for an inconsistent (non-chained) key sequence: stop at the first absent key
@@ -299,7 +301,7 @@ class Trie:
         shorter chain. New rows come from the free list first (last freed first), then from ``size`` on.
         """
         index = self.index
-        if any(map(index.__contains__, keys)):
+        if not index.keys().isdisjoint(keys):
             keys = keys[: list(map(index.__contains__, keys)).index(True)]
         n = len(keys)
         if n == 0:
