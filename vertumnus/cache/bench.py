@@ -112,11 +112,11 @@ def scan_ms(st: SyntheticTrie, active: int, repeats: int = 5, seed: int = 2) -> 
         pref = 8 if rng.random() < 0.5 else 4
         m.record_placement(keys, match, len(keys) * m.cfg.block_tokens, wid, pref)
     act = m.trie.active.rows().copy()
-    acc, mis = m.trie.access[act].copy(), m.trie.missed[act].copy()
+    acc, mis = m.trie.access[:, act], m.trie.missed[:, act]  # copies
     queue = {w: 0.0 for w in m.worker_ids}
     times, cpu, n_ops = [], [], 0
     for _ in range(repeats):
-        m.trie.access[act], m.trie.missed[act] = acc, mis
+        m.trie.access[:, act], m.trie.missed[:, act] = acc, mis
         m.trie.active.add(act[~m.trie.active.flag[act]])
         c0, t0 = time.thread_time(), time.perf_counter()
         ops = m.scan(0.0, queue)

@@ -13,7 +13,9 @@ Copies carry only the blocks the destination misses: ``first_missing`` = its ret
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from vertumnus.cache.ops import OpBook
 from vertumnus.cache.scan import Candidate
@@ -73,9 +75,30 @@ def replication(
     return op
 
 
-def reclamation(trie: Trie, workers: WorkerTable, book: OpBook, cand: Candidate) -> CacheOp | None:
+def child_marks(trie: Trie, rows: Sequence[int]) -> dict[int, int]:
+    """Per row, the OR of ``holders | pending`` over its children as an int — all rows' sibling lists walked
+    together, one vector step per sibling rank. Empty unless masks are one word (then :func:`reclamation`
+    walks the children itself)."""
+    if trie.words != 1 or not rows:
+        return {}
+    z = np.asarray(rows, np.int64)
+    out = np.zeros(z.size, np.uint64)
+    c = trie.first_child[z].astype(np.int64)
+    todo = np.flatnonzero(c != NONE)
+    hold, pend, nxt = trie.hold_col[0], trie.pend_col[0], trie.next_sib
+    while todo.size:
+        kid = c[todo]
+        out[todo] |= hold[kid] | pend[kid]
+        c[todo] = nxt[kid]
+        todo = todo[c[todo] != NONE]
+    return dict(zip(z.tolist(), out.tolist(), strict=True))
+
+
+def reclamation(
+    trie: Trie, workers: WorkerTable, book: OpBook, cand: Candidate, kids: int | None = None
+) -> CacheOp | None:
     """The RECLAIM op for a candidate (deleting block z only: the victim keeps no descendant of it), or None
-    when no holder qualifies."""
+    when no holder qualifies. ``kids``: :func:`child_marks` of z, if computed."""
     row = cand.row
     held = row_bits(trie.holders, row)
     key = int(trie.key[row])
@@ -85,11 +108,14 @@ def reclamation(trie: Trie, workers: WorkerTable, book: OpBook, cand: Candidate)
     if not ok:
         return None
     # Removing z would break a descendant prefix a holder keeps: drop holders with a child of z.
-    nxt, holders, pending = trie.next_sib, trie.holders, trie.pending
-    c = int(trie.first_child[row])
-    while c != NONE and ok:
-        ok &= ~(row_bits(holders, c) | row_bits(pending, c))
-        c = int(nxt[c])
+    if kids is not None:
+        ok &= ~kids
+    else:
+        nxt, holders, pending = trie.next_sib, trie.holders, trie.pending
+        c = int(trie.first_child[row])
+        while c != NONE and ok:
+            ok &= ~(row_bits(holders, c) | row_bits(pending, c))
+            c = int(nxt[c])
     if not ok:
         return None
     depth = int(trie.depth[row])

@@ -34,7 +34,7 @@ def check(trie: Trie, workers: WorkerTable) -> None:
         assert int(has.sum()) == w.n_valid, f"worker {w.worker_id}: n_valid drifted"
         assert int(((p[:, w.word] & w.bit) != 0).sum()) == w.n_pending, f"worker {w.worker_id}: n_pending"
         assert int(((s[:, w.word] & w.bit) != 0).sum()) == w.n_present, f"worker {w.worker_id}: n_present"
-    assert (trie.rc[rows] == rc).all(), "replica counts drifted"
-    live_stats = rows[(trie.access[rows] != 0).any(axis=1) | (trie.missed[rows] != 0).any(axis=1)]
+    assert (rc == trie.rc[:, rows].T).all(), "replica counts drifted"
+    live_stats = rows[(trie.access[:, rows] != 0).any(axis=0) | (trie.missed[:, rows] != 0).any(axis=0)]
     assert trie.active.flag[live_stats].all(), "a row with statistics is missing from the active set"
     assert all(trie.depth[r] != NONE for r in trie.active), "a freed row is active"

@@ -240,14 +240,15 @@ class CacheManager:
         self.counters["scans"] += 1
         trie = self.trie
         act = cstats.active_rows(trie)
-        acc, mis = trie.access.T.take(act, axis=1), trie.missed.T.take(act, axis=1)  # (degrees, rows)
+        acc, mis = trie.access.take(act, axis=1), trie.missed.take(act, axis=1)  # (degrees, rows)
         ops: list[CacheOp] = []
         if self.cfg.replication and act.size:
             inter, intra, recl = find(trie, act, acc, mis, self.workers.degree_counts, self.cfg)
             t, wk, bk = self.trie, self.workers, self.book
             ops += self._take(inter, "inter", lambda c: choose.replication(t, wk, bk, c, queue_s, True))
             ops += self._take(intra, "intra", lambda c: choose.replication(t, wk, bk, c, queue_s, False))
-            ops += self._take(recl, "reclamations", lambda c: choose.reclamation(t, wk, bk, c))
+            kids = choose.child_marks(t, [c.row for c in recl])
+            ops += self._take(recl, "reclamations", lambda c: choose.reclamation(t, wk, bk, c, kids.get(c.row)))
         self.counters["stats_dropped"] += cstats.decay(trie, self.cfg.decay, self.cfg.epsilon, act, acc, mis)
         return ops
 
@@ -318,7 +319,7 @@ class CacheManager:
         row = self.trie.index.get(key)
         if row is None:
             return {}, {}
-        acc, mis = self.trie.access[row].tolist(), self.trie.missed[row].tolist()
+        acc, mis = self.trie.access[:, row].tolist(), self.trie.missed[:, row].tolist()
         return dict(zip(self.degrees, acc, strict=True)), dict(zip(self.degrees, mis, strict=True))
 
     def bytes_per_node(self) -> float:

@@ -116,7 +116,7 @@ def _assign(trie: Trie, assigned: np.ndarray, caps: Sequence[int]) -> list[np.nd
     has_child = np.zeros(trie.size, bool)
     has_child[trie.parent[assigned]] = True
     leaves = assigned[~has_child[assigned]]
-    demand = trie.access[leaves].sum(axis=1)
+    demand = trie.access[:, leaves].sum(axis=0)
     order = np.lexsort((leaves, -trie.depth[leaves], -demand))
     sets: list[set[int]] = [set() for _ in caps]
     load = [0.0 for _ in caps]
@@ -143,4 +143,4 @@ def _assign(trie: Trie, assigned: np.ndarray, caps: Sequence[int]) -> list[np.nd
 def traffic(trie: Trie, layouts: Sequence[TargetLayout]) -> float:
     """Expected reconciliation blocks: missing blocks of the targets, each weighted by its recent access
     (Σ over degrees of access[z, C]; blocks nobody reused lately weigh nothing)."""
-    return float(sum(trie.access[t.missing].sum() for t in layouts))
+    return float(sum(trie.access[:, t.missing].sum() for t in layouts))

@@ -40,14 +40,14 @@ def footprints(trie: Trie, rows: np.ndarray, dix: np.ndarray, r: np.ndarray) -> 
     """Fewest blocks some degree-C worker without z lacks along root→z, for many (z, C) at once.
 
     Holders are ancestor-closed, so a degree-C worker lacking z holds the prefix up to the deepest ancestor
-    a with rc[a, C] > rc[z, C] (the root counts as held by all): footprint = depth(z) − depth(a).
+    a with rc[C, a] > rc[C, z] (the root counts as held by all): footprint = depth(z) − depth(a).
     """
     out = trie.depth[rows].astype(np.int64)
     cur = trie.parent[rows].astype(np.int64)
     todo = np.arange(rows.size)
     while todo.size:
         c = cur[todo]
-        ok = (c == ROOT) | (trie.rc[c, dix[todo]] > r[todo])
+        ok = (c == ROOT) | (trie.rc[dix[todo], c] > r[todo])
         done = todo[ok]
         out[done] -= trie.depth[c[ok]]
         todo = todo[~ok]
@@ -60,7 +60,7 @@ def _collapse(trie: Trie, rows: np.ndarray, dix: np.ndarray, n_deg: int) -> np.n
     when it has the same degree-C holders as the child (equal rc): every destination lacking the child then
     lacks the parent, so the child's copy adds a replica of both."""
     parents = trie.parent[rows].astype(np.int64)
-    same = trie.rc[parents, dix] == trie.rc[rows, dix]
+    same = trie.rc[dix, parents] == trie.rc[dix, rows]
     return ~np.isin(rows * n_deg + dix, parents[same] * n_deg + dix[same])
 
 
@@ -89,7 +89,7 @@ def find(
     limit = ATTEMPTS_PER_OP * cfg.max_ops_per_scan
     if act.size == 0 or limit == 0:
         return [], [], []
-    rc = trie.rc.T.take(act, axis=1)  # (degrees, rows)
+    rc = trie.rc.take(act, axis=1)  # (degrees, rows)
     rcf = rc.astype(np.float64)  # r·θ without mixed-type loops (same values as rc * θ)
     return (
         _inter(trie, act, rc, mis, degree_counts, cfg.theta_inter, limit),

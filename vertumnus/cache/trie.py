@@ -13,7 +13,7 @@ Per node and worker slot, three bit masks (``(rows, words)`` uint64, bit ``s`` o
 Invariants, per worker ``w``:
   * ``holders`` and ``holders | pending`` are ancestor-closed (holders shrink monotonically down a path);
   * ``holders & pending == 0`` and ``holders & present == 0``;
-  * ``rc[i, d]`` = number of degree-index-``d`` workers in ``holders[i]`` (maintained by :mod:`.marks`);
+  * ``rc[d, i]`` = number of degree-index-``d`` workers in ``holders[i]`` (maintained by :mod:`.marks`);
   * ``active`` = rows with a non-zero ``access`` or ``missed`` entry (plus rows whose stats just decayed
     to zero, until the next scan drops them); the scan only ever touches these rows.
 A node is freed as soon as it has no marks and no children; freeing cascades to its parent.
@@ -33,7 +33,9 @@ ROOT = 0
 NONE = -1
 ALL_ONES = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
 _NO_ROWS = np.zeros(0, np.int64)
-# Per-row arrays and the value of a fresh row.
+# Per-row arrays and the value of a fresh row. rc / access / missed are laid out per degree, (degrees, rows):
+# a degree's column is contiguous (per-request updates) and the scan gathers active rows with one take().
+_PER_DEGREE = frozenset(("rc", "access", "missed"))
 _FIELDS = (
     ("key", 0),
     ("parent", NONE),
@@ -172,9 +174,9 @@ class Trie:
         self.holders = np.zeros((cap, words), np.uint64)
         self.pending = np.zeros((cap, words), np.uint64)
         self.present = np.zeros((cap, words), np.uint64)
-        self.rc = np.zeros((cap, n_degrees), np.int32)
-        self.access = np.zeros((cap, n_degrees), np.float64)
-        self.missed = np.zeros((cap, n_degrees), np.float64)
+        self.rc = np.zeros((n_degrees, cap), np.int32)
+        self.access = np.zeros((n_degrees, cap), np.float64)
+        self.missed = np.zeros((n_degrees, cap), np.float64)
         self.active = ActiveRows(cap)
         self.free: list[int] = []
         self.depth[ROOT] = 0
@@ -185,15 +187,16 @@ class Trie:
         self._columns()
 
     def _columns(self) -> None:
-        """1-D column views (mask word k, degree index d): ``col[rows]`` is numpy's fast 1-D take / put, where
-        ``array[rows, k]`` goes through general 2-D fancy indexing at several times the cost. Views follow
-        the arrays: rebuilt whenever ``_grow`` / ``add_word`` replace them."""
+        """1-D views per mask word k (a strided column) and per degree index d (a contiguous row): ``v[rows]``
+        is numpy's fast 1-D take / put, where ``array[rows, k]`` goes through general 2-D fancy indexing at
+        several times the cost. Views follow the arrays: rebuilt whenever ``_grow`` / ``add_word`` replace
+        them."""
         self.hold_col = [self.holders[:, k] for k in range(self.holders.shape[1])]
         self.pend_col = [self.pending[:, k] for k in range(self.pending.shape[1])]
         self.pres_col = [self.present[:, k] for k in range(self.present.shape[1])]
-        self.rc_col = [self.rc[:, d] for d in range(self.rc.shape[1])]
-        self.acc_col = [self.access[:, d] for d in range(self.access.shape[1])]
-        self.mis_col = [self.missed[:, d] for d in range(self.missed.shape[1])]
+        self.rc_col = list(self.rc)
+        self.acc_col = list(self.access)
+        self.mis_col = list(self.missed)
 
     # -- growth ---------------------------------------------------------------------------------------------
     @property
@@ -209,8 +212,12 @@ class Trie:
         new = max(2 * cap, need)
         for name, fill in _FIELDS:
             old = getattr(self, name)
-            arr = np.full((new, *old.shape[1:]), fill, old.dtype)
-            arr[:cap] = old
+            if name in _PER_DEGREE:
+                arr = np.full((old.shape[0], new), fill, old.dtype)
+                arr[:, :cap] = old
+            else:
+                arr = np.full((new, *old.shape[1:]), fill, old.dtype)
+                arr[:cap] = old
             setattr(self, name, arr)
         self.active.grow(new)
         self._columns()
@@ -240,12 +247,14 @@ class Trie:
         r = index[keys[0]]
         want = int64_array(keys[:m])
         key, depth, size = self.key, self.depth, self.size
+        stale = bool(self.free)  # freed rows keep their keys; with none waiting for reuse, all of [1, size) live
         parts: list[np.ndarray] = []
         j = 0
         while True:
             span = min(m - j, size - r)
             ok = key[r : r + span] == want[j : j + span]
-            ok &= depth[r : r + span] > 0  # freed rows keep their stale keys
+            if stale:
+                ok &= depth[r : r + span] > 0
             run = int(ok.argmin())  # first False; 0 when all True (ok[0] always holds: r is keys[j]'s row)
             if ok[run]:
                 run = span
@@ -434,8 +443,8 @@ class Trie:
         self.depth[row] = NONE
         self.next_sib[row] = NONE
         self.prev_sib[row] = NONE
-        self.access[row] = 0.0
-        self.missed[row] = 0.0
+        self.access[:, row] = 0.0
+        self.missed[:, row] = 0.0
         self.active.discard(row)
         self.free.append(row)
         self.n_nodes -= 1
