@@ -57,6 +57,7 @@ class KvEventSubscriber:
         self._held: dict[int, list[Event]] = {}
         self._inflight_since: float | None = None
         self._last_request = 0.0
+        self._requested_from = 0  # next_seq when the in-flight replay was requested
         self._logged = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kv-events-{name}", daemon=True)
@@ -105,7 +106,7 @@ class KvEventSubscriber:
                             frames = dealer.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        self._replayed(frames)
+                        self._replayed(frames, dealer)
                 self._tick(dealer)
         except Exception:  # a bug here must not take the server down; the feed stops and says so
             log.exception("KV event subscriber %s stopped", self.name)
@@ -128,6 +129,7 @@ class KvEventSubscriber:
 
     def _request(self, dealer: zmq.Socket) -> None:
         dealer.send_multipart([b"", self.next_seq.to_bytes(8, "big", signed=True)])
+        self._requested_from = self.next_seq
         self.counters["replay_requests"] += 1
         self._inflight_since = self._last_request = time.monotonic()
 
@@ -151,7 +153,7 @@ class KvEventSubscriber:
         elif self._inflight_since is None:
             self._request(dealer)
 
-    def _replayed(self, frames: list[bytes]) -> None:
+    def _replayed(self, frames: list[bytes], dealer: zmq.Socket | None = None) -> None:
         if len(frames) != 4 or len(frames[2]) != 8:
             self._skip(f"replay message with {len(frames)} frames")
             return
@@ -159,7 +161,13 @@ class KvEventSubscriber:
         if seq == END_SEQ:
             self._inflight_since = None
             if self._held:
-                self._give_up_gap()  # the publisher no longer buffers what we miss
+                if self.next_seq > self._requested_from and dealer is not None:
+                    # This replay made progress; batches held now may have been published after the buffer was
+                    # read (a live batch raced the replay), so ask again from where we are. Each re-request needs
+                    # progress, so this cannot loop.
+                    self._request(dealer)
+                else:
+                    self._give_up_gap()  # the publisher no longer buffers what we miss
             return
         if seq < self.next_seq:
             return  # already delivered (live or by an earlier replay)
