@@ -46,7 +46,10 @@ class ActiveRows:
 
     def add(self, rows: np.ndarray) -> None:
         """Flag ``rows`` (distinct row numbers, e.g. a root→leaf path)."""
-        new = rows[~self.flag[rows]]
+        flagged = self.flag[rows]
+        if flagged.all():
+            return
+        new = rows[~flagged]
         if new.size:
             self.flag[new] = True
             self.n += int(new.size)

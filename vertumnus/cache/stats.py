@@ -67,8 +67,10 @@ class Recorder:
             return
         if reused > 0:
             trie.acc_col[dix_w][path[:reused]] += 1.0
-        # rc is non-increasing along a path (holders are ancestor-closed): rows with rc = 0 form a suffix.
-        k0 = int(np.count_nonzero(trie.rc_col[dix_pref][path]))
+        # rc is non-increasing along a path (holders are ancestor-closed): rows with rc = 0 form a suffix, and
+        # the whole path is held at C_pref when its last row is.
+        rcp = trie.rc_col[dix_pref][path]
+        k0 = matched if rcp[matched - 1] else int(np.count_nonzero(rcp))
         if k0 >= matched:
             if reused > 0:
                 trie.active.add(path[:reused])

@@ -101,12 +101,15 @@ def leading_runs(rows: np.ndarray, names: Sequence[int] | None = None) -> dict[i
         return {}
     if rows.ndim == 1 or rows.shape[1] == 1:
         col = rows if rows.ndim == 1 else rows[:, 0]
-        nz = (col[1:] != col[:-1]).nonzero()[0]
-        # The mask is constant between two change positions, so the value after change i is the value at
-        # change i + 1 (and after the last change, the last row's): one gather gives both sides.
-        at = nz.tolist()
-        before = col[nz].tolist()
         last = int(col[n - 1])
+        at: list[int] = []
+        before: list[int] = []
+        if int(col[0]) != last:  # masks only shrink along the path: equal ends mean no change at all
+            nz = (col[1:] != col[:-1]).nonzero()[0]
+            # The mask is constant between two change positions, so the value after change i is the value at
+            # change i + 1 (and after the last change, the last row's): one gather gives both sides.
+            at = nz.tolist()
+            before = col[nz].tolist()
     else:
         at = np.flatnonzero((rows[1:] != rows[:-1]).any(axis=1)).tolist()
         before = [mask_int(rows[i]) for i in at]
