@@ -206,15 +206,17 @@ class Scheduler:
         (few) are evaluated one by one. Result identical to the row-wise argmin with the (C, id) tie rule.
         """
         t = self.table
-        q = t.queue_vector(now)
-        qm = np.where(eligible, q, np.inf)
+        qm = t.queue_vector(now)  # a new array: masked in place below
         index = t.index
         holders: list[tuple[int, int]] = []
         for wid, h in match.held_blocks.items():
             k = index.get(wid)
             if k is not None and h > 0:
-                qm[k] = np.inf  # evaluated individually below
                 holders.append((k, h))
+        ql = qm.tolist() if holders else []  # q of every row, before masking
+        qm[~eligible] = np.inf
+        for k, _ in holders:
+            qm[k] = np.inf  # evaluated individually below
         predict = self.cost.predict
         ids = self._ids
         # Candidates as (J, degree, worker id, row, held, P, Ê, q): tuple order is the tie rule.
@@ -236,7 +238,6 @@ class Scheduler:
         if holders:
             B = self.block_tokens
             el = eligible.tolist()
-            ql = q.tolist()
             degs = self._degs
             for k, h in holders:
                 if not el[k]:

@@ -15,6 +15,7 @@ Invariants (checked by tests, kept by every mutator here):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +56,11 @@ class WorkerTable:
     """Columns: state, degree, reserved_s, run_start, run_est, free_blocks, outstanding (see module doc)."""
 
     __slots__ = (
+        "_est",
+        "_free",
+        "_outstanding",
+        "_reserved",
+        "_start",
         "active",
         "busy",
         "degree",
@@ -80,6 +86,7 @@ class WorkerTable:
         self.free_blocks = np.zeros(0, dtype=np.int64)
         self.outstanding = np.zeros(0, dtype=np.int64)
         self.busy: set[int] = set()
+        self._views()
 
     # -- membership ---------------------------------------------------------------------------------------
     def add(self, info: WorkerInfo, state: WorkerState) -> None:
@@ -129,6 +136,16 @@ class WorkerTable:
         self.outstanding = np.array(cols[6], dtype=np.int64)
         self.active = self.state == int(WorkerState.ACTIVE)
         self.busy = {i for i, inf in enumerate(self.infos) if inf.running is not None}
+        self._views()
+
+    def _views(self) -> None:
+        # Scalar updates of one row go through memoryviews of the columns (Python floats / ints in and out,
+        # same IEEE arithmetic): a numpy element read-modify-write costs about three times as much.
+        self._reserved: Any = self.reserved_s.data
+        self._free: Any = self.free_blocks.data
+        self._outstanding: Any = self.outstanding.data
+        self._start: Any = self.run_start.data
+        self._est: Any = self.run_est.data
 
     def set_state(self, worker_id: int, state: WorkerState) -> None:
         i = self.index[worker_id]
@@ -140,9 +157,9 @@ class WorkerTable:
         """Attach a ticket to its worker and add its Ê, KV blocks and uncached blocks to the aggregates."""
         i = self.index[ticket.worker_id]
         self.infos[i].tickets[ticket.request.request_id] = ticket
-        self.reserved_s[i] += ticket.placement.predicted_s
-        self.free_blocks[i] -= ticket.blocks
-        self.outstanding[i] += ticket.uncached_blocks
+        self._reserved[i] += ticket.placement.predicted_s
+        self._free[i] -= ticket.blocks
+        self._outstanding[i] += ticket.uncached_blocks
 
     def start(self, ticket: Ticket, now: float) -> None:
         """Mark the ticket running (one running ticket per worker; a newer start replaces an older one)."""
@@ -152,8 +169,8 @@ class WorkerTable:
         if i is None:
             return
         self.infos[i].running = ticket.request.request_id
-        self.run_start[i] = now
-        self.run_est[i] = ticket.placement.predicted_s
+        self._start[i] = now
+        self._est[i] = ticket.placement.predicted_s
         self.busy.add(i)
 
     def release(self, ticket: Ticket) -> None:
@@ -166,20 +183,20 @@ class WorkerTable:
             return
         if info.running == ticket.request.request_id:
             info.running = None
-            self.run_start[i] = 0.0
-            self.run_est[i] = 0.0
+            self._start[i] = 0.0
+            self._est[i] = 0.0
             self.busy.discard(i)
         if info.tickets:
-            self.reserved_s[i] -= ticket.placement.predicted_s
-            self.free_blocks[i] += ticket.blocks
-            self.outstanding[i] -= ticket.uncached_blocks
+            self._reserved[i] -= ticket.placement.predicted_s
+            self._free[i] += ticket.blocks
+            self._outstanding[i] -= ticket.uncached_blocks
         else:  # exact reset: no drift on an idle worker
-            self.reserved_s[i] = 0.0
-            self.free_blocks[i] = info.capacity_blocks
-            self.outstanding[i] = 0
+            self._reserved[i] = 0.0
+            self._free[i] = info.capacity_blocks
+            self._outstanding[i] = 0
 
     def queue_vector(self, now: float) -> np.ndarray:
-        """q_w(now) for every row (seconds)."""
+        """q_w(now) for every row (seconds), as a new array (callers may modify it)."""
         if not self.busy:  # nothing running: min(max(now − 0, 0), 0) = 0 everywhere
             return self.reserved_s.copy()
         elapsed = np.minimum(np.maximum(now - self.run_start, 0.0), self.run_est)
@@ -188,8 +205,8 @@ class WorkerTable:
     def queue_s(self, worker_id: int, now: float) -> float:
         """q_w(now) of one worker."""
         i = self.index[worker_id]
-        elapsed = min(max(now - float(self.run_start[i]), 0.0), float(self.run_est[i]))
-        return float(self.reserved_s[i]) - elapsed
+        elapsed = min(max(now - self._start[i], 0.0), self._est[i])
+        return float(self._reserved[i] - elapsed)
 
     def info(self, worker_id: int) -> WorkerInfo:
         return self.infos[self.index[worker_id]]
