@@ -145,18 +145,20 @@ def _intra(
 def _reclaim(
     trie: Trie, act: np.ndarray, rc: np.ndarray, rcf: np.ndarray, acc: np.ndarray, theta: float, limit: int
 ) -> list[Candidate]:
-    d, i = np.nonzero((rc > 0) & (acc < rcf * theta))
-    if i.size == 0:
+    # Flat positions f = d·n + i of the (degree, row) hits, in np.nonzero's order; values by 1-D takes.
+    f = np.flatnonzero((rc > 0) & (acc < rcf * theta))
+    if f.size == 0:
         return []
-    if i.size > limit:  # only the `limit` best can be taken: sort just those (and ties at the cut)
-        score = acc[d, i] / rcf[d, i]
+    score = acc.ravel()[f] / rcf.ravel()[f]  # access / r
+    if f.size > limit:  # only the `limit` best can be taken: sort just those (and ties at the cut)
         keep = np.flatnonzero(score <= np.partition(score, limit - 1)[limit - 1])
-        d, i = d[keep], i[keep]
-    rows, r = act[i], rc[d, i].astype(np.int64)
-    score = acc[d, i] / r
+        f, score = f[keep], score[keep]
+    d, i = np.divmod(f, act.size)
+    rows = act[i]
     order = np.lexsort((d, rows, -trie.depth[rows], score))[:limit]
     order = order[rc[:, i[order]].sum(axis=0) > 1]  # Σ_C rc[z, C] = valid copies of z over all degrees
-    return _cands(rows[order], d[order], r[order], score[order], np.zeros(order.size, np.int64))
+    r = rc.ravel()[f[order]].astype(np.int64)
+    return _cands(rows[order], d[order], r, score[order], np.zeros(order.size, np.int64))
 
 
 def _near_tie_order(ranked: list[Candidate], limit: int) -> list[Candidate]:
