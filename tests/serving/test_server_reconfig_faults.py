@@ -235,8 +235,10 @@ def test_rank_actor_killed_mid_prefill_is_recovered_without_losing_requests(serv
     assert server.metric("vertumnus_requests_total", 'outcome="ok"') - ok_before == len(prompts)
     assert server.metric("vertumnus_requests_total", 'outcome="error"') == 0
     assert server.metric("vertumnus_worker_failures_total") - failures_before == 1
+    # The failure itself is asserted by the counter above; the FAILED window can be shorter than one poll of
+    # /v1/pool (restart is fast when the machine is idle), so it is checked only when it was seen.
     failed = [w for w in seen if w["state"] == "failed"]
-    assert failed and all(w["cached_blocks"] == 0 for w in failed)  # the trie dropped its holdings
+    assert all(w["cached_blocks"] == 0 for w in failed)  # the trie dropped its holdings
     back = seen[-1]
     assert back["state"] == "active" and back["epoch"] > victim["epoch"] and back["ranks"] == victim["ranks"]
     replaced = [
