@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from vertumnus.cache.active import ActiveRows
+from vertumnus.cache.bits import int64_array, leading_runs
 from vertumnus.cache.choose import child_marks
 from vertumnus.cache.manager import CacheManager
-from vertumnus.cache.trie import ROOT, Trie, int64_array, leading_runs
+from vertumnus.cache.trie import ROOT, Trie
 from vertumnus.cache.workers import WorkerTable
 from vertumnus.config import CacheConfig
 from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile

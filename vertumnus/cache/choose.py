@@ -17,9 +17,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from vertumnus.cache.bits import leading_runs, mask_int, row_bits
 from vertumnus.cache.ops import OpBook
 from vertumnus.cache.scan import Candidate
-from vertumnus.cache.trie import NONE, Trie, leading_runs, mask_int, row_bits
+from vertumnus.cache.trie import NONE, Trie
 from vertumnus.cache.workers import WorkerInfo, WorkerTable
 from vertumnus.types import CacheOp, CacheOpKind
 

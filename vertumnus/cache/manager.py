@@ -17,9 +17,10 @@ import numpy as np
 
 from vertumnus.cache import choose, invariants, marks, reconcile, reconfigure, reports
 from vertumnus.cache import stats as cstats
+from vertumnus.cache.bits import leading_runs
 from vertumnus.cache.ops import OpBook
 from vertumnus.cache.scan import Candidate, find
-from vertumnus.cache.trie import Trie, leading_runs
+from vertumnus.cache.trie import Trie
 from vertumnus.cache.workers import WorkerInfo, WorkerTable
 from vertumnus.config import CacheConfig
 from vertumnus.profiling.cost_model import CostModel

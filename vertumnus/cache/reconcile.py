@@ -17,8 +17,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from vertumnus.cache import marks
+from vertumnus.cache.bits import int_mask, mask_int
 from vertumnus.cache.ops import OpBook
-from vertumnus.cache.trie import ALL_ONES, Trie, int_mask, mask_int
+from vertumnus.cache.trie import ALL_ONES, Trie
 from vertumnus.cache.workers import WorkerInfo, WorkerTable
 from vertumnus.types import CacheOp, CacheOpKind
 

@@ -21,18 +21,18 @@ A node is freed as soon as it has no marks and no children; freeing cascades to 
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable, Sequence
-from operator import itemgetter
 
 import numpy as np
 
 from vertumnus.cache.active import ActiveRows
+from vertumnus.cache.bits import int64_array
+from vertumnus.cache.lookup import lookup_rows
 
 ROOT = 0
 NONE = -1
 ALL_ONES = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
-_NO_ROWS = np.zeros(0, np.int64)
+_NO_ROWS = np.zeros(0, np.int64)  # read-only by convention
 # Per-row arrays and the value of a fresh row. rc / access / missed are laid out per degree, (degrees, rows):
 # a degree's column is contiguous (per-request updates) and the scan gathers active rows with one take().
 _PER_DEGREE = frozenset(("rc", "access", "missed"))
@@ -50,87 +50,6 @@ _FIELDS = (
     ("access", 0),
     ("missed", 0),
 )
-
-
-def mask_int(mask: np.ndarray) -> int:
-    """A ``(words,)`` uint64 mask as one Python int (bit s = slot s)."""
-    return int.from_bytes(np.ascontiguousarray(mask, dtype="<u8").tobytes(), "little")
-
-
-def row_bits(masks: np.ndarray, row: int) -> int:
-    """Row ``row`` of a ``(rows, words)`` mask array as one Python int (bit s = slot s)."""
-    if masks.shape[1] == 1:
-        return int(masks[row, 0])
-    return mask_int(masks[row])
-
-
-def int_mask(bits: int, words: int) -> np.ndarray:
-    """Inverse of :func:`mask_int`."""
-    return np.frombuffer(bits.to_bytes(8 * words, "little"), dtype="<u8").astype(np.uint64)
-
-
-_RUN_MIN = 16  # shorter key sequences / runs are mapped one dict probe per key (see Trie.lookup)
-_PACKERS: dict[int, struct.Struct] = {}  # per length: one entry per distinct path length (≤ blocks per prompt)
-
-
-# Native "l" where it is 8 bytes: CPython converts multi-digit ints (63-bit keys) to C long by a digit loop,
-# to long long through a generic byte-array routine about twice as slow.
-_INT64 = "l" if struct.calcsize("l") == 8 else "q"
-
-
-def int64_array(values: Sequence[int]) -> np.ndarray:
-    """Python ints as a read-only int64 array: packing with a precompiled ``struct`` costs a fraction of
-    numpy's per-element conversion (``np.array`` / ``np.fromiter``) of Python ints."""
-    n = len(values)
-    packer = _PACKERS.get(n)
-    if packer is None:
-        packer = _PACKERS[n] = struct.Struct(f"{n}{_INT64}")
-    return np.frombuffer(packer.pack(*values), np.int64)
-
-
-def leading_runs(rows: np.ndarray, names: Sequence[int] | None = None) -> dict[int, int]:
-    """Per worker slot with a non-empty run, the number of leading rows of ``rows`` (``(n, words)`` uint64
-    masks along a root→z path, or ``(n,)`` for one word) that have the slot's bit: the blocks each worker
-    holds at the head of the path. With ``names`` the result is keyed by ``names[slot]`` instead.
-
-    Masks are ancestor-closed, so a slot's rows form a leading run and each slot leaves it at most once: only
-    rows where the mask changes are looked at — O(n) vector work plus O(changes + slots) Python.
-    """
-    n = rows.shape[0]
-    if n == 0:
-        return {}
-    if rows.ndim == 1 or rows.shape[1] == 1:
-        col = rows if rows.ndim == 1 else rows[:, 0]
-        last = int(col[n - 1])
-        at: list[int] = []
-        before: list[int] = []
-        if int(col[0]) != last:  # masks only shrink along the path: equal ends mean no change at all
-            nz = (col[1:] != col[:-1]).nonzero()[0]
-            # The mask is constant between two change positions, so the value after change i is the value at
-            # change i + 1 (and after the last change, the last row's): one gather gives both sides.
-            at = nz.tolist()
-            before = col[nz].tolist()
-    else:
-        at = np.flatnonzero((rows[1:] != rows[:-1]).any(axis=1)).tolist()
-        before = [mask_int(rows[i]) for i in at]
-        last = mask_int(rows[n - 1])
-    after = before[1:]
-    if before:
-        after.append(last)
-    out: dict[int, int] = {}
-    for i, a, b in zip(at, before, after, strict=True):
-        gone = a & ~b  # slots holding exactly rows [0, i]
-        while gone:
-            low = gone & -gone
-            s = low.bit_length() - 1
-            out[s if names is None else names[s]] = i + 1
-            gone ^= low
-    while last:
-        low = last & -last
-        s = low.bit_length() - 1
-        out[s if names is None else names[s]] = n
-        last ^= low
-    return out
 
 
 class Trie:
@@ -234,77 +153,8 @@ class Trie:
 
     # -- structure ------------------------------------------------------------------------------------------
     def lookup(self, keys: Sequence[int]) -> np.ndarray:
-        """Rows (int64) of the longest leading run of ``keys`` present in the trie.
-
-        Chained keys make presence prefix-closed (a present key's parent is present), so the run's end m is
-        found by binary search — O(log n) probes. A chain created by one :meth:`extend` lies in consecutive
-        rows, so ``keys[:m]`` are then read run by run: one dict probe for a run's first key, then a compare
-        of the keys with ``key[r : r + span]`` (contiguous memory; a live row holding a key *is* that key's
-        node, the index being a bijection). Short matches, and paths that continue in short runs (assembled
-        piece by piece), are mapped one dict probe per key instead.
-        """
-        index = self.index
-        m = self._present_prefix(keys)
-        if m < _RUN_MIN:
-            return self._map_keys(keys, m)
-        r = index[keys[0]]
-        want = int64_array(keys[:m])
-        key, depth, size = self.key, self.depth, self.size
-        stale = bool(self.free)  # freed rows keep their keys; with none waiting for reuse, all of [1, size) live
-        parts: list[np.ndarray] = []
-        j = 0
-        while True:
-            span = min(m - j, size - r)
-            ok = key[r : r + span] == want[j : j + span]
-            if stale:
-                ok &= depth[r : r + span] > 0
-            run = int(ok.argmin())  # first False; 0 when all True (ok[0] always holds: r is keys[j]'s row)
-            if ok[run]:
-                run = span
-            parts.append(np.arange(r, r + run, dtype=np.int64))
-            j += run
-            if j == m:
-                break
-            if run < _RUN_MIN:  # fragmented: the rest key by key
-                parts.append(self._map_keys(keys[j:], m - j))
-                break
-            got = index.get(keys[j])
-            if got is None:  # an inconsistent (non-chained) key sequence: stop at the first absent key
-                break
-            r = got
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-    def _present_prefix(self, keys: Sequence[int]) -> int:
-        """Length m of the leading present run of ``keys`` by binary search, assuming presence is
-        prefix-closed (``keys[m]`` is absent or m = len(keys); for a non-chained sequence, some key before
-        m may be absent too)."""
-        index = self.index
-        n = len(keys)
-        if n == 0 or keys[n - 1] in index:
-            return n
-        lo, hi = 0, n - 1  # keys[hi] is absent; find the first absent position
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if keys[mid] in index:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
-    def _map_keys(self, keys: Sequence[int], m: int) -> np.ndarray:
-        """Rows of ``keys[:m]`` (cut at the first absent key), one C-level dict pass (``itemgetter``)."""
-        index = self.index
-        if m == 0:
-            return _NO_ROWS
-        if m == 1:
-            got = index.get(keys[0])
-            return _NO_ROWS if got is None else int64_array((got,))
-        try:
-            return int64_array(itemgetter(*keys[:m])(index))
-        except KeyError:  # only for an inconsistent (non-chained) key sequence: stop at the first absent key
-            rows = list(map(index.get, keys[:m]))
-            rows = rows[: rows.index(None)]
-            return int64_array(rows) if rows else _NO_ROWS  # type: ignore[arg-type]
+        """Rows (int64) of the longest leading run of ``keys`` present in the trie (see :mod:`.lookup`)."""
+        return lookup_rows(self, keys)
 
     def extend(self, parent: int, keys: Sequence[int]) -> np.ndarray:
         """Create a chain of new nodes for ``keys`` under ``parent``; returns their rows (int64).
