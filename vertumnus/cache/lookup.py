@@ -67,7 +67,9 @@ def _present_prefix(trie: Trie, keys: Sequence[int]) -> int:
     n = len(keys)
     if n == 0 or keys[n - 1] in index:
         return n
-    lo, hi = 0, n - 1  # keys[hi] is absent; find the first absent position
+    if keys[0] not in index:  # nothing matches (an engine's report of blocks it has just computed)
+        return 0
+    lo, hi = 1, n - 1  # keys[0] is present, keys[hi] absent: find the first absent position
     while lo < hi:
         mid = (lo + hi) // 2
         if keys[mid] in index:
