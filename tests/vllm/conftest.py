@@ -17,6 +17,7 @@ pytest.importorskip("vllm", reason="vllm(-cpu) is not installed")
 def ray_cluster():  # type: ignore[no-untyped-def]
     """One local Ray cluster for every engine module (8 logical CPUs: placement groups of a few slots each
     plus decode engines; the engines share the machine's real cores)."""
+    import shutil
     import tempfile
 
     import ray
@@ -24,7 +25,8 @@ def ray_cluster():  # type: ignore[no-untyped-def]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ray.init(
         num_cpus=8, include_dashboard=False, namespace="vertumnus", log_to_driver=False, configure_logging=False,
-        _temp_dir=tempfile.mkdtemp(prefix="vt-ray-"),  # short: Ray's socket paths must stay < 108 bytes
+        _temp_dir=(temp := tempfile.mkdtemp(prefix="vt-ray-")),  # short: Ray's socket paths must stay < 108 bytes
     )  # fmt: skip
     yield
     ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
