@@ -207,15 +207,15 @@ class Scheduler:
         """
         t = self.table
         qm = t.queue_vector(now)  # a new array: masked in place below
+        qv, ev = qm.data, eligible.data  # single rows as Python float / bool
         index = t.index
-        holders: list[tuple[int, int]] = []
+        holders: list[tuple[int, int, float]] = []  # eligible holders: (row, held blocks, q)
         for wid, h in match.held_blocks.items():
             k = index.get(wid)
-            if k is not None and h > 0:
-                holders.append((k, h))
-        ql = qm.tolist() if holders else []  # q of every row, before masking
+            if k is not None and h > 0 and ev[k]:
+                holders.append((k, h, qv[k]))
         qm[~eligible] = np.inf
-        for k, _ in holders:
+        for k, _, _ in holders:
             qm[k] = np.inf  # evaluated individually below
         predict = self.cost.predict
         ids = self._ids
@@ -237,16 +237,13 @@ class Scheduler:
                 pref = (e * f, c)
         if holders:
             B = self.block_tokens
-            el = eligible.tolist()
             degs = self._degs
-            for k, h in holders:
-                if not el[k]:
-                    continue
+            for k, h, qk in holders:
                 c = degs[k]
                 f = factors[c]
                 cached = min(h * B, L - 1)
                 e = predict(c, L - cached, cached)
-                cand = (ql[k] + e * f, c, ids[k], k, h, cached, e, ql[k])
+                cand = (qk + e * f, c, ids[k], k, h, cached, e, qk)
                 if best is None or cand < best:
                     best = cand
                 if pref is None or (e * f, c) < pref:
