@@ -8,14 +8,13 @@
    engine does on reuse: assemble the cached prefix from its blocks, the zigzag forward, and cut the new full
    blocks out of the produced KV.
 
-Outputs (``--out``): correctness.json, profile_samples.csv, summary.json. Needs only torch (+ numpy / PyYAML for
-the optional fit summary). ``--device cpu --small`` is a dry run of the same code path.
+Outputs (``--out``): correctness.json, profile_samples.csv, summary.json. Needs the project's
+environment (torch, numpy). ``--device cpu --small`` is a dry run of the same code path.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import sys
@@ -30,6 +29,7 @@ from vertumnus.cp.comm import LocalComm
 from vertumnus.cp.cp_forward import cp_prefill, gather_prefix
 from vertumnus.cp.model import ReferenceModel
 from vertumnus.cp.weights import ModelDims, random_weights
+from vertumnus.profiling.measure import GridPoint, Measurement, write_samples
 
 BLOCK = 512  # engine block = manager block (cache.block_tokens default)
 
@@ -73,8 +73,9 @@ def _sync(device: str) -> None:
 
 def profile(
     device: str, dims: ModelDims, grid_r: list[int], grid_p: list[int], repeats: int, budget_s: float
-) -> list[tuple[int, int, int, float]]:
-    """Median prefill seconds per (R, P) at degree 1; stops early (keeping what it has) past ``budget_s``."""
+) -> list[Measurement]:
+    """Prefill seconds (median of ``repeats``, with min / max) per (R, P) at degree 1; stops early (keeping what
+    it has) past ``budget_s``."""
     model = ReferenceModel(random_weights(dims, seed=0, device=device), device)
     attend = chunk_attention("auto", device)
     comm = LocalComm()
@@ -82,7 +83,7 @@ def profile(
         (dims.num_layers, 2, dims.num_kv_heads, BLOCK, dims.head_dim), dtype=dims.torch_dtype, device=device
     )
     g = torch.Generator().manual_seed(1)
-    rows: list[tuple[int, int, int, float]] = []
+    rows: list[Measurement] = []
     t_start = time.perf_counter()
 
     def one(r: int, blocks: dict[int, torch.Tensor], index: BlockIndex, keys: list[int]) -> float:
@@ -108,8 +109,10 @@ def profile(
                 print(f"time budget reached; stopping at R={r}, P={p}", flush=True)
                 return rows
             times = [one(r, blocks, index, keys) for _ in range(repeats)]
-            rows.append((1, r, p, statistics.median(times)))
-            print(f"degree 1  R={r:>6}  P={p:>6}  {rows[-1][3] * 1e3:9.2f} ms", flush=True)
+            med = statistics.median(times)
+            point = GridPoint(1, r + p, round(p / (r + p), 4), r, p)
+            rows.append(Measurement(point, med, med, min(times), max(times), len(times)))
+            print(f"degree 1  R={r:>6}  P={p:>6}  {med * 1e3:9.2f} ms", flush=True)
         del blocks
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
@@ -164,10 +167,7 @@ def main() -> int:
         grid_r = [512, 2048, 8192, 16384, 32768]
         grid_p = [0, 8192, 32768]
     rows = profile(args.device, dims, grid_r, grid_p, args.repeats, args.budget_s)
-    with (out / "profile_samples.csv").open("w", newline="") as f:
-        wr = csv.writer(f)
-        wr.writerow(["degree", "r", "p", "seconds"])
-        wr.writerows(rows)
+    write_samples(out / "profile_samples.csv", rows)
     summary: dict[str, object] = {
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
         "torch": torch.__version__,
@@ -186,9 +186,9 @@ def main() -> int:
         "elapsed_s": time.perf_counter() - t0,
     }
     try:  # optional: the fitted coefficients (needs numpy + PyYAML)
-        from vertumnus.profiling.fit import ProfileSample, fit_degree
+        from vertumnus.profiling.fit import fit_degree
 
-        fit = fit_degree(1, [ProfileSample(*row) for row in rows])
+        fit = fit_degree(1, [m.sample() for m in rows])
         p = fit.profile
         summary["fit_degree_1"] = {
             "d": p.d,

@@ -2,7 +2,12 @@
 # GPU check of the torch CP engine on one lent GPU (H200). Prepared for the integrator; not run on CPU hosts.
 #   benchmarks/gpu_check.sh [extra gpu_check.py args]
 # Writes $OUT/gpu_check/ (or out/gpu_check/ without $OUT): gpu.txt, correctness.json, profile_samples.csv
-# (degree,r,p,seconds — fit with vertumnus.profiling.fit / `vertumnus profile`), summary.json. Stays under 5 min.
+# (the columns of `vertumnus profile`'s samples), summary.json (incl. a degree-1 fit). Stays under 5 min.
+# Fit the samples into a profile on the same host:
+#   vertumnus profile --from-samples out/gpu_check/profile_samples.csv --config configs/h200x8-example.yaml \
+#     --engine torch --degrees 1 --trace '' --out configs/profiles/h200-torch-c1.yaml
+# CPU dry run of the same code path (what the test suite runs):
+#   python benchmarks/gpu_check.py --device cpu --small --repeats 1 --out /tmp/gpu_check
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${OUT:-out}/gpu_check"

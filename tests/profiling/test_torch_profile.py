@@ -38,6 +38,16 @@ def test_bad_timing_is_an_error() -> None:
         TorchTarget(config_from_dict(TINY), timing="gpu")
 
 
+def test_cuda_config_on_a_host_without_gpu_is_a_clear_error() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a GPU")
+    cfg = config_from_dict({**TINY, "serving": {"device": "cuda"}})
+    with pytest.raises(ValueError, match=r"serving\.device is 'cuda' but this machine has no GPU"):
+        TorchTarget(cfg)
+
+
 def test_profiling_the_torch_engine_fits_within_15_percent(tmp_path: Path, excerpt: Path) -> None:
     cfg = config_from_dict(TINY)
     target = TorchTarget(cfg, timing="cpu")

@@ -193,10 +193,12 @@ def _cpu_ns(pid: int) -> int:
 
 def _device(setting: str) -> str:
     """``serving.device`` → the rank device: auto means CUDA when this machine has a GPU."""
-    if setting != "auto":
-        return setting
     import torch
 
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise ValueError("serving.device is 'cuda' but this machine has no GPU (torch sees no CUDA device)")
+    if setting != "auto":
+        return setting
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
