@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from vertumnus.types import CacheOp, CacheReport, Placement, PrefillResult, ReconfigPlan, Request, WorkerGroup
 
@@ -97,3 +97,18 @@ class DataPlane(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class EngineStatsSource(Protocol):
+    """Optional: a data plane with counters of its own (the vLLM backend's KV-event feeds, logical reclamations,
+    engine restarts). The server registers :meth:`collector` in its ``/metrics`` registry and shows :meth:`stats`
+    under ``engine_stats`` in ``/v1/pool``."""
+
+    def stats(self) -> dict[str, Any]:
+        """The counters as plain data."""
+        ...
+
+    def collector(self) -> Any:
+        """A ``prometheus_client`` collector of the same counters (read at scrape time)."""
+        ...

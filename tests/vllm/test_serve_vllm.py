@@ -84,3 +84,9 @@ def test_openai_completions_from_vllm_workers(server: str) -> None:
     assert second["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]  # greedy, same engines
     assert metric(server, "vertumnus_prefix_cached_tokens_total") - cached0 == 512  # the worker's prefix cache
     assert httpx.get(f"{server}/v1/pool", timeout=30).json()["workers"][0]["cached_blocks"] == 4
+    # the backend's own counters are on the server's /metrics and in /v1/pool, and agree
+    stats = httpx.get(f"{server}/v1/pool", timeout=30).json()["engine_stats"]
+    stored = metric(server, 'vertumnus_vllm_kv_events_total{kind="stored"}')
+    assert stored == stats["kv_events"]["stored"] >= 1  # BlockStored events (each may carry several blocks)
+    assert metric(server, 'vertumnus_vllm_kv_events_total{kind="malformed"}') == 0
+    assert metric(server, "vertumnus_vllm_engine_start_seconds_count") == len(stats["engine_start_s"]) >= 1

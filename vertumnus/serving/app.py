@@ -97,6 +97,7 @@ def create_app(
             "last_window": snap.last_window,
             "cache": snap.cache,
             "decode": await runtime.decode.stats(),
+            "engine_stats": runtime.engine_stats(),
         }
 
     @app.get("/v1/requests")

@@ -31,7 +31,7 @@ from typing import Any
 
 from vertumnus.cache.block_keys import keys_from_tokens
 from vertumnus.config import VertumnusConfig
-from vertumnus.interfaces import DataPlane
+from vertumnus.interfaces import DataPlane, EngineStatsSource
 from vertumnus.pool import PoolSnapshot, PrefillPool, RequestRejected
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.serving.errors import APIError
@@ -77,6 +77,10 @@ class ServingRuntime:
         self.pool = PrefillPool(cfg, cost, self.data_plane, clock)
         self.pool.add_listener(self)
         self.metrics = ServingMetrics(self.worker_rows, cfg.pool.degrees)
+        # the engine's own counters (vLLM: KV-event feeds, logical reclamations, restarts) join /metrics
+        self.engine_stats_source = data_plane if isinstance(data_plane, EngineStatsSource) else None
+        if self.engine_stats_source is not None:
+            self.metrics.registry.register(self.engine_stats_source.collector())
         self.timelines = TimelineLog()
         self.block_tokens = cfg.cache.block_tokens
         self.max_inflight = cfg.serving.max_inflight
@@ -100,6 +104,10 @@ class ServingRuntime:
             await asyncio.sleep(0.05)
         self._timer = asyncio.create_task(self._timer_loop(), name="vertumnus-controller-timer")
         self.ready = True
+
+    def engine_stats(self) -> dict[str, Any] | None:
+        """The data plane's own counters (None for engines without any)."""
+        return None if self.engine_stats_source is None else self.engine_stats_source.stats()
 
     async def close(self) -> None:
         """Stop the timer, decode and the data plane (idempotent)."""

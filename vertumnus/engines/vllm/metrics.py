@@ -1,7 +1,8 @@
 """Counters of the vLLM backend, as a dict (:func:`stats`) and as a Prometheus collector.
 
-The server's registry is per app (:class:`vertumnus.serving.metrics.ServingMetrics`); register
-``VllmCollector(plane)`` there to expose these next to the pool's metrics. Names:
+The server's registry is per app (:class:`vertumnus.serving.metrics.ServingMetrics`); the serving runtime
+registers ``plane.collector()`` there (the data plane is an :class:`~vertumnus.interfaces.EngineStatsSource`),
+so these appear next to the pool's metrics on ``/metrics``. Names:
 
 - ``vertumnus_vllm_kv_events_total{kind}``: KV-event feed counters summed over every worker's feed since start
   (batches, events, stored, removed, cleared, malformed, unknown, other_medium, duplicates, gaps,
