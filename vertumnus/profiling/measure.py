@@ -18,12 +18,14 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from vertumnus.profiling.fit import ProfileSample
 from vertumnus.profiling.targets import ProfilingTarget
 
+_T = TypeVar("_T", int, float)
 CSV_FIELDS = ("degree", "length", "prefix_ratio", "r", "p", "seconds", "median_s", "min_s", "max_s", "repeats")
 STATISTICS = ("median", "min")
 
@@ -79,21 +81,19 @@ class Measurement:
 
 def parse_int_list(text: str, what: str) -> tuple[int, ...]:
     """``"1,2,4"`` -> (1, 2, 4); ValueError naming the option on bad input."""
-    try:
-        out = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"{what}: expected comma-separated integers, got {text!r}") from None
-    if not out:
-        raise ValueError(f"{what}: empty list")
-    return out
+    return _parse_list(text, what, int, "integers")
 
 
 def parse_float_list(text: str, what: str) -> tuple[float, ...]:
     """``"0,0.5"`` -> (0.0, 0.5); ValueError naming the option on bad input."""
+    return _parse_list(text, what, float, "numbers")
+
+
+def _parse_list(text: str, what: str, conv: Callable[[str], _T], kind: str) -> tuple[_T, ...]:
     try:
-        out = tuple(float(x) for x in text.split(",") if x.strip())
+        out = tuple(conv(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise ValueError(f"{what}: expected comma-separated numbers, got {text!r}") from None
+        raise ValueError(f"{what}: expected comma-separated {kind}, got {text!r}") from None
     if not out:
         raise ValueError(f"{what}: empty list")
     return out
