@@ -9,14 +9,20 @@
 
 One ingress replica hosts exactly what ``vertumnus serve`` runs in its process — the pool, the engine's driver
 and the HTTP app — inside the Ray cluster the RayService created (the replica is already connected, so hosting
-joins it and never stops it). The ingress app is a thin shell: the full app (:func:`create_app`) is mounted on
-it once the replica's asynchronous constructor has brought the pool up, on the replica's own event loop, which
-is then the one loop that owns the pool. Needs ``ray[serve]`` in the image (not in the development
-environment: this module is imported only by Ray Serve).
+joins it and never stops it). The replica's constructor loads the config and assembles the runtime
+(:func:`build_runtime`: placement groups, rank actors, decode); Serve then asks it for its ASGI app
+(``__serve_build_asgi_app__``, the late-bound form of ``@serve.ingress()``) and gets the full app
+(:func:`create_app`), whose lifespan — run by Serve on the replica's user-code event loop, the loop that also
+serves every request — starts the pool (the replica counts as started once every initial worker is ACTIVE)
+and closes it when the replica shuts down; the destructor then removes the pool's placement groups.
+
+Verified with ``serve run`` of this very ``serveConfigV2`` on a local cluster (tests/serving/test_serve_entry.py,
+deploy/README.md). Needs ``ray[serve]`` (the ``serve`` extra; in the image, see deploy/Dockerfile).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI
@@ -24,10 +30,12 @@ from ray import serve
 
 from vertumnus.config import load_config
 from vertumnus.serving.app import create_app
+from vertumnus.serving.hosting import RayHosting
 from vertumnus.serving.launcher import build_runtime
+from vertumnus.serving.runtime import ServingRuntime
 
 DEFAULT_CONFIG = "/etc/vertumnus/config.yaml"
-shell = FastAPI(title="Vertumnus", docs_url=None, redoc_url=None)
+log = logging.getLogger("ray.serve")  # Serve writes this logger to the replica's log file
 
 
 @serve.deployment(
@@ -36,24 +44,33 @@ shell = FastAPI(title="Vertumnus", docs_url=None, redoc_url=None)
     max_ongoing_requests=4096,  # admission is the app's own (serving.max_inflight → 429)
     health_check_period_s=10,
 )
-@serve.ingress(shell)
+@serve.ingress()  # the app is late-bound: __serve_build_asgi_app__
 class VertumnusIngress:
     """The server inside a Serve replica."""
 
-    async def __init__(self, config_path: str = DEFAULT_CONFIG) -> None:  # type: ignore[misc]  # Serve awaits it
+    runtime: ServingRuntime
+    hosting: RayHosting
+
+    def __init__(self, config_path: str = DEFAULT_CONFIG) -> None:
         cfg = load_config(config_path)
-        self.runtime, self.hosting = build_runtime(cfg)
-        await self.runtime.start(cfg.serving.startup_timeout_s)
-        shell.mount("/", create_app(self.runtime, manage_runtime=False))
+        self.runtime, self.hosting = build_runtime(cfg)  # joins the replica's cluster (never stops it)
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        """The ASGI app Serve routes to (called once, after ``__init__``); its lifespan starts and closes the
+        runtime, as under ``vertumnus serve``."""
+        return create_app(self.runtime, manage_runtime=True)
 
     def check_health(self) -> None:
-        """Serve's replica health check: unhealthy until every initial worker is ACTIVE."""
+        """Serve's periodic replica health check: unhealthy once the runtime is no longer ready (closed)."""
         if not self.runtime.ready:
             raise RuntimeError("prefill pool not ready")
 
-    async def __del__(self) -> None:  # Serve awaits an async __del__ at replica shutdown
-        await self.runtime.close()
-        self.hosting.close()
+    def __del__(self) -> None:
+        """Replica shutdown, after the app's lifespan closed the runtime: remove the pool's placement groups."""
+        hosting = getattr(self, "hosting", None)  # absent when __init__ failed
+        if hosting is not None:
+            hosting.close()
+            log.info("vertumnus: replica shut down (pool closed, placement groups removed)")
 
 
 def build_app(args: dict[str, Any]) -> Any:
