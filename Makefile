@@ -39,6 +39,7 @@ simulate: setup
 lint: setup
 	$(BIN)/ruff check vertumnus tests benchmarks
 	$(BIN)/ruff format --check vertumnus tests benchmarks
+	$(BIN)/ruff format --check vertumnus tests benchmarks
 
 typecheck: setup
 	$(BIN)/mypy vertumnus
@@ -48,6 +49,7 @@ pytest: setup
 
 test: setup
 	$(BIN)/ruff check vertumnus tests benchmarks
+	$(BIN)/ruff format --check vertumnus tests benchmarks
 	$(BIN)/mypy vertumnus
 	$(BIN)/python -m pytest -q
 

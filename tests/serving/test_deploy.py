@@ -7,12 +7,15 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
 
 from vertumnus.config import config_from_dict, load_config
+from vertumnus.engines.vllm.metrics import VllmCollector
 from vertumnus.serving.metrics import ServingMetrics, WorkerRow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -196,7 +199,11 @@ def test_prometheus_scrape_config() -> None:
 
 
 def _exported_metric_names() -> set[str]:
+    """Every name a server exports: its own metrics plus the vLLM backend's (registered with pool.engine vllm)."""
     m = ServingMetrics(lambda: [WorkerRow(0, "torch", 2, 0, (0, 1), "active", 1, 0.0, 0)], [1, 2, 4])
+    plane = SimpleNamespace(feeds=[SimpleNamespace(counters=Counter(stored=1))], counters=Counter(),
+                            engine_start_s=[1.0], restarts=[])  # fmt: skip
+    m.registry.register(VllmCollector(plane))  # type: ignore[arg-type]
     names: set[str] = set()
     for fam in m.registry.collect():
         names.add(fam.name)

@@ -1,2 +1,1 @@
 """Worker backends (sim, torch, vllm) implementing vertumnus.interfaces.DataPlane."""
-
