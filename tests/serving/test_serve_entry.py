@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -193,7 +194,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeRun]:
     gcs, client, agent, http = (free_port() for _ in range(4))
     cfg_path = tmp / "serve-config.yaml"
     cfg_path.write_text(yaml.safe_dump(serve_config(http), sort_keys=False))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": temp_dir, "RAY_AUTH_MODE": "token"}
+    # token auth with the test's own token: Ray 2.60's `ray start` refuses token mode without one (a fresh
+    # machine has no ~/.ray/auth_token), and a driver without the cluster's token is refused
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": temp_dir, **auth}
+    env.pop("RAY_AUTH_TOKEN_PATH", None)
     env.pop("RAY_ADDRESS", None)
     popen: dict[str, Any] = {"cwd": tmp, "env": env, "stderr": subprocess.STDOUT, "start_new_session": True}
     ray_log, serve_log = tmp / "ray-start.log", tmp / "serve-run.log"
