@@ -198,7 +198,7 @@ class RayKiller:
 def test_rank_actor_killed_mid_prefill_is_recovered_without_losing_requests(server: Any) -> None:
     cfg = server.cfg.model
     tok = tokenizer(cfg)
-    prompts = _prompts("fault", 6, 1400)  # long prompts: prefills of hundreds of ms
+    prompts = _prompts("fault", 8, 1400)  # long prompts: prefills of hundreds of ms, so queues form
     expected = [generate(cfg, tok.encode(p), 4, [EOS]) for p in prompts]
     ok_before = server.metric("vertumnus_requests_total", 'outcome="ok"')
     failures_before = server.metric("vertumnus_worker_failures_total")
@@ -211,13 +211,15 @@ def test_rank_actor_killed_mid_prefill_is_recovered_without_losing_requests(serv
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as h:
                 deadline = time.monotonic() + 120
                 victim: dict[str, Any] | None = None
-                while time.monotonic() < deadline:  # a CP2 worker running a prefill right now
+                # a CP2 worker running a prefill with another one waiting: whatever the timing of the kill, at
+                # least one request there is unfinished when the rank dies and must be re-placed
+                while time.monotonic() < deadline:
                     workers = (await h.get("/v1/pool")).json()["workers"]
-                    victim = next((w for w in workers if w["running"] and w["degree"] == 2), None)
+                    victim = next((w for w in workers if w["running"] and w["queued"] >= 2 and w["degree"] == 2), None)
                     if victim is not None:
                         break
                     await asyncio.sleep(0.005)
-                assert victim is not None, "no CP2 worker ran a prefill while the traffic lasted"
+                assert victim is not None, "no CP2 worker had a prefill running and one queued"
                 killer.kill(f"vertumnus-{server.proc.pid}-rank-{victim['ranks'][-1]}")
                 deadline = time.monotonic() + 600
                 while time.monotonic() < deadline:  # FAILED, then back ACTIVE under a new epoch
