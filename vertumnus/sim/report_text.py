@@ -205,8 +205,8 @@ def _ablation(rep: Report) -> tuple[str, list[tuple[str, float, float, float]]]:
         "degree, where only intra-degree copies apply (inter-degree copies need a degree without a copy next to "
         "one with it). Few replications means the scan's thresholds were not reached (access[z,C] > r·θ_intra, "
         "missed[z,C] > θ_inter); a request the scheduler sends to an idle worker recomputes the prefix there and "
-        "so makes a new copy without the manager. The config's comment records a threshold search on these "
-        "traces and why its best setting was not adopted.",
+        "so makes a new copy without the manager. The config's comment records the threshold search on these "
+        "traces that chose them (in-sample) and how they interact with the controller band.",
     ]
     return "\n".join(lines) + "\n", list(top.values())
 
