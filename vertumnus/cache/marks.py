@@ -39,20 +39,27 @@ def make_valid(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> n
     held[new] |= w.bit
     trie.rc_col[w.dix][new] += 1
     w.n_valid += int(new.size)
-    clear = ~w.bit
-    # n_pending / n_present count w's bits exactly: when zero there is nothing to look for.
+    _clear_pending(trie, w, new)
+    _clear_present(trie, w, new)
+    return new
+
+
+# n_pending / n_present count w's bits exactly: when zero there is nothing to look for.
+def _clear_pending(trie: Trie, w: WorkerInfo, rows: np.ndarray) -> None:
     if w.n_pending:
-        pend = _with_bit(trie.pend_col, new, w)
+        pend = _with_bit(trie.pend_col, rows, w)
         if pend.size:
-            trie.pend_col[w.word][pend] &= clear
+            trie.pend_col[w.word][pend] &= ~w.bit
             w.n_pending -= int(pend.size)
             trie.pending_marks -= int(pend.size)
+
+
+def _clear_present(trie: Trie, w: WorkerInfo, rows: np.ndarray) -> None:
     if w.n_present:
-        pres = _with_bit(trie.pres_col, new, w)
+        pres = _with_bit(trie.pres_col, rows, w)
         if pres.size:
-            trie.pres_col[w.word][pres] &= clear
+            trie.pres_col[w.word][pres] &= ~w.bit
             w.n_present -= int(pres.size)
-    return new
 
 
 def mark_fresh(trie: Trie, w: WorkerInfo, rows: np.ndarray, valid: bool) -> None:
@@ -95,24 +102,14 @@ def drop(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> None:
     r = _rows(rows)
     if r.size == 0:
         return
-    clear = ~w.bit
     if w.n_valid:
         held = _with_bit(trie.hold_col, r, w)
         if held.size:
-            trie.hold_col[w.word][held] &= clear
+            trie.hold_col[w.word][held] &= ~w.bit
             trie.rc_col[w.dix][held] -= 1
             w.n_valid -= int(held.size)
-    if w.n_pending:
-        pend = _with_bit(trie.pend_col, r, w)
-        if pend.size:
-            trie.pend_col[w.word][pend] &= clear
-            w.n_pending -= int(pend.size)
-            trie.pending_marks -= int(pend.size)
-    if w.n_present:
-        pres = _with_bit(trie.pres_col, r, w)
-        if pres.size:
-            trie.pres_col[w.word][pres] &= clear
-            w.n_present -= int(pres.size)
+    _clear_pending(trie, w, r)
+    _clear_present(trie, w, r)
 
 
 def drop_pending(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> None:
@@ -120,11 +117,7 @@ def drop_pending(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) ->
     r = _rows(rows)
     if r.size == 0:
         return
-    pend = _with_bit(trie.pend_col, r, w)
-    if pend.size:
-        trie.pend_col[w.word][pend] &= ~w.bit
-        w.n_pending -= int(pend.size)
-        trie.pending_marks -= int(pend.size)
+    _clear_pending(trie, w, r)
 
 
 def marked_subtree(trie: Trie, w: WorkerInfo, row: int, masks: tuple[np.ndarray, ...]) -> list[int]:
