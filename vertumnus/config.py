@@ -8,6 +8,7 @@ description, so `vertumnus config show` prints a self-documenting resolved confi
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
@@ -52,7 +53,8 @@ class PoolConfig(_Section):
     nodes: int = Field(1, ge=1, description="Number of nodes in the prefill pool.")
     gpus_per_node: int = Field(8, ge=1, description="GPU (or CPU slot) ranks per node.")
     degrees: list[int] = Field(
-        default_factory=lambda: [4, 8], description="Allowed CP degrees (powers of two dividing gpus_per_node)."
+        default_factory=lambda: [4, 8],
+        description="Allowed CP degrees: powers of two dividing gpus_per_node, each twice the previous one.",
     )
     initial_composition: str | None = Field(
         None,
@@ -75,7 +77,17 @@ class PoolConfig(_Section):
                 raise ValueError(f"degree {d} is not a power of two")
         if len(set(v)) != len(v):
             raise ValueError(f"degrees contain duplicates: {v}")
-        return sorted(v)
+        v = sorted(v)
+        # Split / merge move between C and 2C only: a gap (e.g. [2, 8]) leaves the lattice without an operation
+        # between the states of the two degrees, and the controller would silently never act.
+        for lo, hi in pairwise(v):
+            if hi != 2 * lo:
+                chain = [lo << k for k in range((hi // lo).bit_length())]
+                raise ValueError(
+                    f"degrees {v} are not adjacent: split / merge only go between C and 2C, so no operation "
+                    f"connects CP{lo} and CP{hi} (each degree must be twice the previous one, e.g. {chain})"
+                )
+        return v
 
     @model_validator(mode="after")
     def _degrees_fit_node(self) -> PoolConfig:
@@ -283,6 +295,24 @@ class VertumnusConfig(_Section):
     serving: ServingConfig = Field(default_factory=ServingConfig)
     vllm: VllmConfig = Field(default_factory=VllmConfig)
 
+    @model_validator(mode="after")
+    def _engine_block_divides_cache_block(self) -> VertumnusConfig:
+        # A trie node must cover whole engine blocks (DESIGN.md §3); the vLLM data plane would otherwise fail
+        # only when it starts its first engine. The hashed vLLM block spans block_size × DCP tokens.
+        if self.pool.engine != "vllm":
+            return self
+        bt, bs = self.cache.block_tokens, self.vllm.block_size
+        if bt % bs:
+            raise _KeyedError("vllm.block_size", f"{bs} tokens does not divide cache.block_tokens={bt}")
+        dcp = self.vllm.engine_args.get("decode_context_parallel_size", 1)
+        if isinstance(dcp, int) and dcp > 1 and bt % (bs * dcp):
+            raise _KeyedError(
+                "vllm.engine_args.decode_context_parallel_size",
+                f"the hashed block of block_size {bs} × DCP {dcp} = {bs * dcp} tokens does not divide "
+                f"cache.block_tokens={bt}",
+            )
+        return self
+
     def resolve_path(self, p: str) -> Path:
         """Resolve a config-relative path: absolute, else CWD if it exists, else the repository root."""
         path = Path(p)
@@ -295,11 +325,23 @@ class ConfigError(ValueError):
     """Raised when a config file cannot be read or does not validate; the message names the key."""
 
 
+class _KeyedError(ValueError):
+    """A cross-section check's failure that names its key (a whole-config validator has no location)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
 def _format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = e["msg"]
+        keyed = e.get("ctx", {}).get("error")
+        if isinstance(keyed, _KeyedError):
+            key, msg = keyed.key, keyed.message
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
         lines.append(f"  {key}: {msg}")

@@ -37,8 +37,19 @@ def _write(tmp_path: Path, text: str) -> Path:
         ("bogus: 1", "bogus", "unknown key"),
         ("controller: {theta_low: 0.9, theta_up: 0.8}", "controller", "theta_low (0.9) must be below theta_up"),
         ("pool: {nodes: 1, gpus_per_node: 8, degrees: [4, 8], initial_composition: 1xCP4}", "pool", "uses 4 GPUs"),
+        # No split / merge connects CP2 and CP8: the controller could never act.
+        ("pool: {degrees: [2, 8]}", "pool.degrees", "no operation connects CP2 and CP8 (each degree must be twice "
+         "the previous one, e.g. [2, 4, 8])"),
+        ("pool: {degrees: [8, 1, 2]}", "pool.degrees", "connects CP2 and CP8 (each degree must be twice the "
+         "previous one, e.g. [2, 4, 8])"),
+        # The trie node must cover whole vLLM blocks: caught at load, not when the first engine starts.
+        ("pool: {engine: vllm}\ncache: {block_tokens: 48}\nvllm: {block_size: 32}", "vllm.block_size",
+         "32 tokens does not divide cache.block_tokens=48"),
+        ("pool: {engine: vllm}\ncache: {block_tokens: 64}\nvllm: {block_size: 32, engine_args: "
+         "{decode_context_parallel_size: 4}}", "vllm.engine_args.decode_context_parallel_size",
+         "block_size 32 × DCP 4 = 128 tokens does not divide cache.block_tokens=64"),
     ],
-)
+)  # fmt: skip
 def test_invalid_values_name_their_key(tmp_path: Path, text: str, key: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(_write(tmp_path, text))
@@ -63,8 +74,20 @@ def test_defaults_round_trip(tmp_path: Path) -> None:
 
 
 def test_shipped_configs_load() -> None:
-    for path in sorted((REPO / "configs").glob("*.yaml")):
+    paths = sorted((REPO / "configs").glob("*.yaml"))
+    assert len(paths) >= 6
+    for path in paths:
         load_config(path)
+
+
+def test_engine_block_size_binds_only_the_vllm_engine(tmp_path: Path) -> None:
+    # The sim / torch engines do not read the vllm section: its default block_size (32) need not divide 100.
+    cfg = load_config(_write(tmp_path, "pool: {engine: sim}\ncache: {block_tokens: 100}"))
+    assert (cfg.cache.block_tokens, cfg.vllm.block_size) == (100, 32)
+    cfg = load_config(_write(tmp_path, "pool: {engine: vllm}\ncache: {block_tokens: 128}\nvllm: {block_size: 32}"))
+    assert cfg.cache.block_tokens // cfg.vllm.block_size == 4
+    assert load_config(_write(tmp_path, "pool: {degrees: [1, 2, 4, 8]}")).pool.degrees == [1, 2, 4, 8]
+    assert load_config(_write(tmp_path, "pool: {degrees: [8]}")).pool.degrees == [8]  # one degree: no moves
 
 
 def test_composition_parsing() -> None:
