@@ -1,7 +1,8 @@
 """The prefill pool facade: scheduler + cache manager + controller + a data plane, driven the same way by the
 simulator and the server.
 
-Request path (``submit``): admissibility → trie match → placement (J, reservation) → cache statistics →
+Request path (``submit``): admissibility → trie match → placement (J, reservation) → cache statistics (first
+placement only: a re-placement after a drain or failure is the same request) →
 reconciliation op (pending prefix after split / merge) → pin of the reused prefix → ``data_plane.submit``.
 Nothing schedulable (all draining / not yet acked / KV full) → the request waits in the backlog and is placed
 when a worker becomes ACTIVE or frees capacity. Completion (``prefill_done``) releases the reservation and the
@@ -140,7 +141,8 @@ class PrefillPool:
         if placement is None:
             return None
         wid = placement.worker_id
-        self.cache.record_placement(keys, match, request.input_len, wid, placement.preferred_degree)
+        if first:  # a re-placement (drain, failure) is the same request: its demand was recorded already
+            self.cache.record_placement(keys, match, request.input_len, wid, placement.preferred_degree)
         op = self.cache.plan_reconcile(keys, wid, match)
         reuse = match.held_blocks.get(wid, 0)
         if op is not None:
@@ -157,7 +159,9 @@ class PrefillPool:
             self._unplace(request.request_id, cancel_reconcile=True)  # nothing stays reserved for it
             raise
         if first:
-            self.controller.observe(placement.predicted_s, request.input_len)
+            self.controller.observe(
+                placement.predicted_s, request.input_len, placement.cached_tokens, request.arrival_s
+            )
         return placement
 
     def _unplace(self, request_id: str, cancel_reconcile: bool) -> None:

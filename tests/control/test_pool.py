@@ -371,3 +371,40 @@ def test_a_data_plane_refusing_a_job_leaves_nothing_reserved() -> None:
     snap = rig.pool.snapshot()
     assert snap.inflight == 0 and snap.backlog == 0 and rig.snap(0).queue_s == 0.0
     assert rig.snap(0).free_kv_blocks == 8 * 2048
+
+
+def _prefix_at(rig: Rig, workers: Sequence[int], hashes: Sequence[int]) -> tuple[int, ...]:
+    keys = keys_from_hash_ids(hashes)
+    for w in workers:
+        rig.pool.cache_report(CacheReport(w, CacheReportKind.STORED, keys, None))
+    return keys
+
+
+def test_a_request_replaced_after_a_failure_is_recorded_in_the_cache_statistics_once() -> None:
+    rig = Rig("1xCP8+2xCP4")  # w0: CP8 on node 0; w1, w2: CP4 on node 1
+    rig.ack_all()
+    keys = _prefix_at(rig, (1, 2), range(8))
+    p = rig.pool.submit(req("r", 8 * 512 + 512, [*range(8), 100]))
+    assert p is not None and (p.worker_id, p.cached_tokens) == (1, 4096)
+    recorded = ({4: 1.0, 8: 0.0}, {4: 0.0, 8: 0.0})  # one reuse at CP4; CP4 (C_pref) holds it: no miss
+    assert [rig.pool.cache.node_stats(k) for k in keys] == [recorded] * 8
+    rig.pool.worker_failed(1, "rank 5 died", rig.clock.t)
+    [job] = rig.plane.queues[2]  # moved to the other holder, which reuses the same prefix
+    assert (job.request.request_id, job.placement.worker_id, job.placement.cached_tokens) == ("r", 2, 4096)
+    assert [rig.pool.cache.node_stats(k) for k in keys] == [recorded] * 8  # the same request: no second access
+
+
+def test_a_request_replaced_by_a_drain_is_recorded_in_the_cache_statistics_once() -> None:
+    rig = Rig("1xCP8+2xCP4")
+    rig.ack_all()
+    keys = _prefix_at(rig, (1,), range(8))
+    p = rig.pool.submit(req("r", 8 * 512 + 512, [*range(8), 100]))
+    assert p is not None and (p.worker_id, p.cached_tokens, p.preferred_degree) == (1, 4096, 4)
+    recorded = ({4: 1.0, 8: 0.0}, {4: 0.0, 8: 0.0})
+    assert [rig.pool.cache.node_stats(k) for k in keys] == [recorded] * 8
+    rig.pool.reconfigure(ReconfigKind.MERGE, 1)  # w1 + w2 drain: the queued request moves to w0 (CP8)
+    [job] = rig.plane.queues[0]
+    assert (job.request.request_id, job.placement.worker_id, job.placement.preferred_degree) == ("r", 0, 8)
+    # w1 still holds the prefix while it drains, no CP8 worker does: a second record would add missed[z, 8].
+    assert [rig.pool.cache.node_stats(k) for k in keys] == [recorded] * 8
+    assert rig.snap(1).state == "DRAINING"
