@@ -159,9 +159,7 @@ class PrefillPool:
             self._unplace(request.request_id, cancel_reconcile=True)  # nothing stays reserved for it
             raise
         if first:
-            self.controller.observe(
-                placement.predicted_s, request.input_len, placement.cached_tokens, request.arrival_s
-            )
+            self.controller.observe(placement.predicted_s, request.input_len)
         return placement
 
     def _unplace(self, request_id: str, cancel_reconcile: bool) -> None:
