@@ -8,7 +8,7 @@ import pytest
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import CacheConfig
 from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
-from vertumnus.types import CacheReport, CacheReportKind
+from vertumnus.types import CacheReport, CacheReportKind, ReconfigKind, ReconfigPlan, WorkerGroup
 
 # E_4(R, P) = 0.1 + 0.001 R + 0.0005 P + 0.004 R / 4
 # E_8(R, P) = 0.2 + 0.002 R + 0.0005 P + (0.004 R + 1e-4 (R P + R (R + 1) / 2)) / 8
@@ -121,4 +121,31 @@ def test_record_placement_rejects_unknown_worker_and_degree() -> None:
         m.record_placement(keys, m.match(keys), 20, 9, 4)
     with pytest.raises(ValueError, match="preferred degree 2"):
         m.record_placement(keys, m.match(keys), 20, 1, 2)
+    m.check_invariants()
+
+
+def test_blocks_only_a_pending_copy_has_collect_no_statistics() -> None:
+    """After a split, a child holds the leading part of its prefix validly and the rest only pending: nobody
+    can serve the pending blocks as a replica (no valid holder), so they could never become inter-degree
+    candidates and must not accumulate missed benefit (nor access)."""
+    m = CacheManager(CacheConfig(block_tokens=10), CostModel(PROFILE), [4, 8])
+    m.add_worker(10, 8, 0, 100)
+    keys = tuple(range(1, 9))
+    m.apply_report(CacheReport(10, CacheReportKind.STORED, keys))
+    parent, lo, hi = WorkerGroup(10, 0, 0, 8), WorkerGroup(11, 0, 0, 4), WorkerGroup(12, 0, 4, 4)
+    m.on_reconfigure(ReconfigPlan(ReconfigKind.SPLIT, (parent,), (lo, hi), epoch=2))
+    match = m.match(keys)
+    held, pending = match.held_blocks.get(11, 0), match.pending_blocks.get(11, 0)
+    assert 0 < held < pending == 8 and match.matched_blocks == 8  # the child reconciles the rest on reuse
+    assert max(match.held_blocks.values()) == held  # no worker holds the blocks past `held` validly
+    m.record_placement(keys, match, 85, 11, 8)  # no CP8 worker is left: every valid block is missed at CP8
+    for k in range(1, held + 1):
+        acc, mis = m.node_stats(keys[k - 1])
+        assert acc == {4: 1.0, 8: 0.0}
+        assert mis[4] == 0.0 and mis[8] == pytest.approx(
+            _e8(85 - 10 * (k - 1), 10 * (k - 1)) - _e8(85 - 10 * k, 10 * k)
+        )
+    for k in range(held + 1, pending + 1):
+        assert m.node_stats(keys[k - 1]) == ({4: 0.0, 8: 0.0}, {4: 0.0, 8: 0.0})
+    assert m.stats()["active_nodes"] == held
     m.check_invariants()

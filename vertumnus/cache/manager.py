@@ -139,13 +139,19 @@ class CacheManager:
         self, keys: Sequence[int], match: PrefixMatch, input_len: int, worker_id: int, preferred_degree: int
     ) -> None:
         """Statistics of one placement: access[z, C_w] += 1 on the blocks ``worker_id`` reuses; missed[z,
-        C_pref] += Δ(z) on the matched blocks no degree-``preferred_degree`` worker holds."""
+        C_pref] += Δ(z) on the matched blocks no degree-``preferred_degree`` worker holds.
+
+        Only blocks some worker holds validly count: ``match.matched_blocks`` also covers blocks that only a
+        pending copy has (after split / merge), which no replication could take as its source — missed
+        benefit there could never turn into an inter-degree candidate."""
         w = self._worker(worker_id)
         dix_pref = self.workers.dix.get(preferred_degree)
         if dix_pref is None:
             raise ValueError(f"preferred degree {preferred_degree} is not one of {self.degrees}")
-        path = self._path(keys, match.matched_blocks)
-        reused = min(match.held_blocks.get(worker_id, 0), path.size)
+        held = match.held_blocks
+        valid = max(held.values(), default=0)  # holders are ancestor-closed: the longest valid run
+        path = self._path(keys, min(valid, match.matched_blocks))
+        reused = min(held.get(worker_id, 0), path.size)
         self._recorder.record(path, reused, w.dix, preferred_degree, dix_pref, input_len)
 
     def pin(self, worker_id: int, keys: Sequence[int], n_blocks: int) -> None:
