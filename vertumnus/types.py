@@ -69,7 +69,8 @@ class Request:
 class PrefixMatch:
     """Result of walking the global trie with a request's block keys.
 
-    ``matched_blocks``: length of MatchedPath(i) (nodes that exist with at least one holder, any degree).
+    ``matched_blocks``: leading blocks some worker holds validly or has pending, any degree (the cache
+    statistics use only the validly held part, ``max(held_blocks.values())``).
     ``held_blocks``: worker_id -> leading blocks of the request that worker holds *validly* (not pending);
     workers absent hold nothing. ``pending_blocks``: worker_id -> leading blocks held at least pending (for
     reconciliation after split / merge); ≥ held.
