@@ -1,0 +1,71 @@
+"""`vertumnus evaluate`: the out-of-sample protocol (a policy against every fixed composition on a set)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from vertumnus.sim.policies import POLICIES
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    """Add `evaluate` (heavy imports happen when it runs)."""
+
+    @app.command("evaluate")
+    def evaluate_cmd(
+        set_path: str = typer.Option("configs/eval/test.yaml", "--set", help="Evaluation set YAML (configs/eval/)."),
+        config: str = typer.Option("configs/sim-40gpu.yaml", "--config", "-c", help="Simulator config YAML."),
+        policy: str = typer.Option("vertumnus", "--policy", "-p", help=f"Adaptive policy: {', '.join(POLICIES)}."),
+        start: str | None = typer.Option(
+            None, "--start", help="Start composition for every workload (default: each workload's own)."
+        ),
+        workload: list[str] = typer.Option([], "--workload", "-w", help="Only these workloads (repeatable)."),
+        jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="Simulations run in parallel (processes)."),
+        sweep: list[str] = typer.Option(
+            [], "--sweep", help="Sensitivity: KEY=V1,V2 (controller key unless dotted), a bare KEY, or 'auto'."
+        ),
+        plot: Path | None = typer.Option(None, "--plot", help="Sensitivity plot path (default OUT/sensitivity.png)."),
+        out: Path = typer.Option(Path("runs/evaluate"), "--out", "-o", help="Output directory."),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on stderr."),
+    ) -> None:
+        """Run the policy and vertumnus-static on every composition; print verdicts, write JSON + markdown."""
+        from vertumnus.sim.eval_report import print_table, sensitivity_table, write_outputs
+        from vertumnus.sim.evaluate import Task, evaluate, plan
+
+        t0 = time.perf_counter()
+
+        def tick(done: int, total: int, task: Task) -> None:
+            if progress:
+                what = f"{task.policy} {task.composition}" + (f" {dict(task.overrides)}" if task.overrides else "")
+                typer.echo(f"  [{done}/{total}] {task.workload}: {what} ({time.perf_counter() - t0:.0f} s)", err=True)
+
+        if sweep:
+            import json
+
+            from vertumnus.sim.sensitivity import parse_sweep, plot_sweep
+            from vertumnus.sim.sensitivity import sweep as run_sweep
+
+            if workload:
+                raise ValueError("--sweep runs the whole set; drop --workload")
+            p = plan(set_path, config, policy, start)
+            grid = parse_sweep(sweep, p.cfg)
+            sw = run_sweep(set_path, config, grid, policy, start, jobs, tick)
+            paths = write_outputs(sw.base, out)
+            (out / "sensitivity.json").write_text(json.dumps(sw.points, indent=1, default=str) + "\n")
+            (out / "sensitivity.md").write_text(sensitivity_table(sw.points))
+            fig = plot_sweep(sw.points, plot or out / "sensitivity.png", f"{policy} on {sw.base.set_name}")
+            typer.echo(sensitivity_table(sw.points), nl=False)
+            typer.echo(f"wrote {', '.join(str(x) for x in paths)}, {out}/sensitivity.json, {fig}")
+            return
+        res = evaluate(set_path, config, policy, start, jobs, workload or None, tick)
+        paths = write_outputs(res, out)
+        if sys.stdout.isatty():
+            print_table(res)
+        else:  # pipes and files get the markdown
+            from vertumnus.sim.eval_report import markdown_summary
+
+            typer.echo(markdown_summary(res), nl=False)
+        typer.echo(f"wrote {', '.join(str(x) for x in paths)} ({time.perf_counter() - t0:.0f} s)")

@@ -1,0 +1,170 @@
+"""Tables of an out-of-sample evaluation: markdown (files, docs/results.md), rich (terminal) and JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vertumnus.sim.evaluate import MEAN_VS_BEST, MEAN_VS_START, EvalResult, WorkloadResult
+
+FLAG_TITLES = {
+    "mean<=best": f"mean ≤ {MEAN_VS_BEST:.2f}× best",
+    "mean<=1.02*start": f"mean ≤ {MEAN_VS_START:.2f}× start",
+    "p90<=best": "P90 ≤ best's",
+    "slo>=best": "SLO ≥ best's",
+    "lost==0": "0 lost",
+}
+HEAD = ("workload", "start", "mean", "reconf.", "best fixed", "÷best", "start fixed", "÷start", "oracle",
+        "÷oracle", "P90 / best's", "SLO att. / best's", "lost", "done")  # fmt: skip
+
+
+def _s(x: float | None) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x:.3f}"
+
+
+def _r(x: float) -> str:
+    return "–" if not math.isfinite(x) else f"{x:.3f}"
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:.1%}"
+
+
+def _done(w: WorkloadResult) -> str:
+    if w.verdict.passed:
+        return "yes"
+    return "no: " + ", ".join(FLAG_TITLES[k] for k, ok in w.verdict.flags.items() if not ok)
+
+
+def row(w: WorkloadResult) -> list[str]:
+    """One workload's cells of :data:`HEAD`."""
+    v, p = w.verdict, w.policy
+    best = w.fixed[v.best_fixed]
+    return [
+        w.name, w.start, _s(p.mean), str(p.summary.get("reconfigurations", 0)),
+        f"{v.best_fixed} {_s(v.best_mean)}", _r(v.ratio_best), _s(v.start_mean), _r(v.ratio_start),
+        _s(v.oracle_mean), _r(v.ratio_oracle), f"{_s(p.p90)} / {_s(best.p90)}", f"{_pct(p.slo)} / {_pct(best.slo)}",
+        str(p.lost), _done(w),
+    ]  # fmt: skip
+
+
+def verdict_line(res: EvalResult) -> str:
+    """One sentence: how many workloads meet every criterion, geometric-mean ratios."""
+    n = len(res.workloads)
+    return (
+        f"{res.passed}/{n} workloads meet every criterion; geometric mean over the workloads of mean TTFT ÷ best "
+        f"fixed {_r(res.geomean('ratio_best'))}, ÷ start held fixed {_r(res.geomean('ratio_start'))}, ÷ per-phase "
+        f"oracle {_r(res.geomean('ratio_oracle'))}."
+    )
+
+
+def markdown_summary(res: EvalResult) -> str:
+    """The per-workload table plus the verdict line."""
+    lines = ["| " + " | ".join(HEAD) + " |", "|---|---|" + "---:|" * (len(HEAD) - 3) + "---|"]
+    lines += ["| " + " | ".join(row(w)) + " |" for w in res.workloads]
+    return "\n".join(lines) + "\n\n" + verdict_line(res) + "\n"
+
+
+def markdown_fixed(res: EvalResult) -> str:
+    """Whole-run mean TTFT of every fixed composition per workload (the rows the best fixed is picked from)."""
+    comps = list(res.workloads[0].fixed) if res.workloads else []
+    lines = ["| workload | " + " | ".join([res.policy, *comps]) + " |", "|---|" + "---:|" * (len(comps) + 1)]
+    for w in res.workloads:
+        cells = [_s(w.policy.mean)] + [
+            ("**" + _s(w.fixed[c].mean) + "**") if c == w.verdict.best_fixed else _s(w.fixed[c].mean) for c in comps
+        ]
+        lines.append(f"| {w.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def markdown_phases(w: WorkloadResult, policy: str) -> str:
+    """Per-phase table of one workload: the policy against each phase's best fixed composition."""
+    head = ("phase", "span (s)", "load", "long share", "req/s", "requests", f"{policy} mean", "P90",
+            "best fixed of the phase", "÷best")  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * 5 + "---:|---|---:|"]
+    for ph, lay in zip(w.verdict.phases, w.phases, strict=True):
+        load = f"{lay['load']:.2f}" + (f"→{lay['load_end']:.2f}" if lay["load_end"] is not None else "")
+        ls = f"{lay['long_share']:.2f}" + (f"→{lay['long_end']:.2f}" if lay["long_end"] is not None else "")
+        rps = f"{lay['rps']:.1f}" + (f"→{lay['rps_end']:.1f}" if lay["load_end"] is not None else "")
+        p90 = w.policy.phases[ph.phase].get("p90_ttft_s")
+        lines.append(
+            f"| {ph.phase} {ph.label} | {lay['start_s']:.0f}–{lay['end_s']:.0f} | {load} | {ls} | {rps} | "
+            f"{ph.requests} | {_s(ph.policy_mean)} | {_s(p90)} | {ph.best} {_s(ph.best_mean)} | {_r(ph.ratio)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def markdown_report(res: EvalResult, title: str | None = None) -> str:
+    """A self-contained markdown report of one evaluation (``vertumnus evaluate --out``)."""
+    out = [f"# {title or f'Evaluation of {res.policy} on set {res.set_name!r}'}\n",
+           f"Set `{res.set_source}`, config `{res.config}` (cost profile: {res.profile})"
+           + (f", overrides {dict(res.overrides)}" if res.overrides else "") + ".\n",
+           markdown_summary(res), "## Every fixed composition (whole-run mean TTFT, s; best in bold)\n",
+           markdown_fixed(res), "## Per phase\n"]  # fmt: skip
+    for w in res.workloads:
+        out.append(f"### {w.name} ({w.pattern}, {w.requests} requests, {w.duration_s:.0f} s, start {w.start})\n")
+        out.append(markdown_phases(w, res.policy))
+    return "\n".join(out)
+
+
+def write_outputs(res: EvalResult, out: Path) -> list[Path]:
+    """``out/evaluation.json`` and ``out/evaluation.md``."""
+    out.mkdir(parents=True, exist_ok=True)
+    js, md = out / "evaluation.json", out / "evaluation.md"
+    js.write_text(json.dumps(res.to_json(), indent=1) + "\n")
+    md.write_text(markdown_report(res))
+    return [js, md]
+
+
+def print_table(res: EvalResult) -> None:
+    """The per-workload table on the terminal (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{res.policy} on {res.set_name} ({res.profile} profile)")
+    for h in HEAD:
+        t.add_column(h, justify="left" if h in ("workload", "start", "best fixed", "done") else "right")
+    for w in res.workloads:
+        cells = row(w)
+        style = None if w.verdict.passed else "red"
+        t.add_row(*cells, style=style)
+    console = Console()
+    console.print(t)
+    console.print(verdict_line(res))
+
+
+def img_link(path: Path, md_dir: Path, alt: str) -> str:
+    return f"![{alt}]({os.path.relpath(path, md_dir)})\n"
+
+
+def criteria_text() -> str:
+    return (
+        f"Done when (issue 16), per workload: whole-run mean TTFT ≤ {MEAN_VS_BEST:.2f}× the best fixed composition "
+        f"in hindsight and ≤ {MEAN_VS_START:.2f}× the start composition held fixed, P90 TTFT ≤ and token-weighted "
+        "SLO attainment ≥ the best fixed composition's, zero requests lost."
+    )
+
+
+def columns_text(policy: str) -> str:
+    return (
+        f"Columns: `mean` is {policy}'s whole-run mean TTFT (s) from `start`; `best fixed` the fixed composition "
+        "(`vertumnus-static`) with the lowest whole-run mean; `start fixed` the start composition held fixed; "
+        "`oracle` the per-phase oracle (each phase's best fixed composition, request-weighted over the phases: "
+        "free switches, an idealised bound); `÷` the ratios of `mean` to those."
+    )
+
+
+def sensitivity_table(points: Sequence[dict[str, Any]]) -> str:
+    """Markdown table of a sweep's points (see :mod:`vertumnus.sim.sensitivity`)."""
+    lines = ["| key | value | geomean ÷best | geomean ÷start | workloads done |", "|---|---:|---:|---:|---:|"]
+    for p in points:
+        mark = " (config)" if p.get("is_base") else ""
+        note = f" ({p['note']})" if p.get("note") else ""
+        lines.append(f"| {p['key']} | {p['value']}{mark} | {_r(p.get('ratio_best') or math.inf)} | "
+                     f"{_r(p.get('ratio_start') or math.inf)} | {p.get('passed', '–')}/{p.get('workloads', '–')}"
+                     f"{note} |")  # fmt: skip
+    return "\n".join(lines) + "\n"

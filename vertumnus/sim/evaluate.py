@@ -1,0 +1,399 @@
+"""Out-of-sample evaluation: a policy against every fixed composition of the lattice on each workload of a set.
+
+Per workload: the policy (``vertumnus`` by default: whatever controller the config selects) starts from the
+workload's stated composition; ``vertumnus-static`` runs on every reachable composition (controller off, same
+routing and cache manager). From those per-run numbers (:func:`derive`):
+
+- best fixed in hindsight: the fixed composition with the lowest whole-run mean TTFT (ties: name);
+- per-phase oracle: per phase, the fixed composition with the lowest mean TTFT over the requests arriving in
+  that phase; its whole-run figure is the request-weighted mean of those per-phase means (an idealised bound:
+  it switches for free and every phase starts from that composition's own history);
+- ratios of the policy's mean TTFT to the best fixed, to its own start composition held fixed, to the oracle;
+- the issue's "done when" flags: mean ≤ 1.00× best fixed, ≤ 1.02× start held fixed, P90 ≤ best fixed's P90,
+  token-weighted SLO attainment ≥ best fixed's, zero lost requests (rejected + failed + unfinished).
+
+Runs are independent tasks (a process pool with ``jobs`` > 1); each task regenerates its workload from the set
+file, so only small digests cross process boundaries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from vertumnus.config import VertumnusConfig, format_composition
+from vertumnus.controller.lattice import Lattice
+from vertumnus.profiling.cost_model import CostModel
+from vertumnus.sim.eval_set import EvalSet, load_eval_set
+from vertumnus.sim.inputs import load_cost, load_sim_config
+from vertumnus.sim.phase_stats import phase_summaries
+from vertumnus.sim.policies import check_policy, normalise_composition
+from vertumnus.sim.protocol import Generated
+from vertumnus.sim.runner import run_policy
+
+STATIC = "vertumnus-static"
+MEAN_VS_BEST = 1.00  # done when: whole-run mean TTFT ≤ 1.00× the best fixed composition's
+MEAN_VS_START = 1.02  # ... and ≤ 1.02× the start composition held fixed
+SUMMARY_KEYS = (
+    "requests", "completed", "mean_ttft_s", "p50_ttft_s", "p90_ttft_s", "p99_ttft_s", "max_ttft_s",
+    "slo_attainment_token_weighted", "slo_attainment", "prefix_hit_rate_tokens", "rejected", "failed", "unfinished",
+    "reconfigurations", "splits", "merges", "replications", "reclamations", "initial_composition",
+    "final_composition", "sim_wall_s", "sim_cpu_s",
+)  # fmt: skip
+PHASE_KEYS = ("requests", "completed", "mean_ttft_s", "p90_ttft_s", "slo_attainment_token_weighted")
+Overrides = tuple[tuple[str, Any], ...]  # (dotted config key, value): e.g. (("controller.theta_up", 0.7),)
+
+
+# -- digests of runs ---------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class RunDigest:
+    """What the evaluation keeps of one run."""
+
+    policy: str
+    composition: str  # the start (or fixed) composition
+    summary: dict[str, Any]
+    phases: list[dict[str, Any]]  # PHASE_KEYS per phase
+
+    @property
+    def lost(self) -> int:
+        s = self.summary
+        return int(s.get("rejected", 0) + s.get("failed", 0) + s.get("unfinished", 0))
+
+    @property
+    def mean(self) -> float:
+        return _num(self.summary.get("mean_ttft_s"))
+
+    @property
+    def p90(self) -> float:
+        return _num(self.summary.get("p90_ttft_s"))
+
+    @property
+    def slo(self) -> float:
+        v = self.summary.get("slo_attainment_token_weighted")
+        return 0.0 if v is None else float(v)
+
+
+def _num(v: Any) -> float:
+    """A TTFT statistic; no completed request at all counts as infinitely slow."""
+    return math.inf if v is None else float(v)
+
+
+@dataclass(slots=True)
+class PhaseOracle:
+    """One phase: the policy against the best fixed composition of that phase."""
+
+    phase: int
+    label: str
+    requests: int
+    policy_mean: float
+    best: str
+    best_mean: float
+
+    @property
+    def ratio(self) -> float:
+        return self.policy_mean / self.best_mean if self.best_mean > 0 else math.inf
+
+
+@dataclass(slots=True)
+class Verdict:
+    """Derived figures of one workload (see the module docstring)."""
+
+    best_fixed: str
+    best_mean: float
+    start: str
+    start_mean: float
+    oracle_mean: float
+    ratio_best: float
+    ratio_start: float
+    ratio_oracle: float
+    phases: list[PhaseOracle]
+    flags: dict[str, bool]
+
+    @property
+    def passed(self) -> bool:
+        return all(self.flags.values())
+
+
+def _ratio(a: float, b: float) -> float:
+    if math.isinf(a) and math.isinf(b):
+        return 1.0
+    return a / b if b > 0 else math.inf
+
+
+def derive(
+    policy: RunDigest, fixed: Mapping[str, RunDigest], start: str, labels: Sequence[str] | None = None
+) -> Verdict:
+    """Best fixed, per-phase oracle, ratios and done-when flags from the per-run numbers alone."""
+    if start not in fixed:
+        raise ValueError(f"start composition {start} has no fixed run (have {sorted(fixed)})")
+    best_name = min(fixed, key=lambda n: (fixed[n].mean, n))
+    best = fixed[best_name]
+    phases: list[PhaseOracle] = []
+    total_n, weighted = 0, 0.0
+    for k, ph in enumerate(policy.phases):
+        means = {n: _num(r.phases[k].get("mean_ttft_s")) for n, r in fixed.items()}
+        name = min(means, key=lambda n: (means[n], n))
+        n_req = int(ph.get("requests", 0))
+        phases.append(PhaseOracle(k, labels[k] if labels else str(k), n_req, _num(ph.get("mean_ttft_s")), name,
+                                  means[name]))  # fmt: skip
+        if n_req:
+            total_n += n_req
+            weighted += n_req * means[name]
+    oracle = weighted / total_n if total_n else math.nan
+    start_mean = fixed[start].mean
+    flags = {
+        "mean<=best": policy.mean <= MEAN_VS_BEST * best.mean,
+        "mean<=1.02*start": policy.mean <= MEAN_VS_START * start_mean,
+        "p90<=best": policy.p90 <= best.p90,
+        "slo>=best": policy.slo >= best.slo,
+        "lost==0": policy.lost == 0,
+    }
+    return Verdict(best_name, best.mean, start, start_mean, oracle, _ratio(policy.mean, best.mean),
+                   _ratio(policy.mean, start_mean), _ratio(policy.mean, oracle), phases, flags)  # fmt: skip
+
+
+@dataclass(slots=True)
+class WorkloadResult:
+    """One workload: its layout, the policy's run, every fixed run and the verdict."""
+
+    name: str
+    pattern: str
+    start: str
+    requests: int
+    duration_s: float
+    phases: list[dict[str, Any]]  # label, bounds, load, long share, req/s
+    policy: RunDigest
+    fixed: dict[str, RunDigest]
+    verdict: Verdict
+
+
+@dataclass(slots=True)
+class EvalResult:
+    """A whole set under one config."""
+
+    set_name: str
+    set_source: str
+    config: str
+    profile: str
+    policy: str
+    overrides: Overrides
+    workloads: list[WorkloadResult] = field(default_factory=list)
+
+    def geomean(self, attr: str) -> float:
+        """Geometric mean of a verdict ratio over the workloads (``ratio_best``, ``ratio_start``, ...)."""
+        vals = [getattr(w.verdict, attr) for w in self.workloads]
+        if not vals or any(not (v > 0) or math.isinf(v) for v in vals):
+            return math.inf
+        return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+    @property
+    def passed(self) -> int:
+        return sum(w.verdict.passed for w in self.workloads)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "set": self.set_name, "set_source": self.set_source, "config": self.config, "profile": self.profile,
+            "policy": self.policy, "overrides": dict(self.overrides),
+            "geomean_ratio_best": self.geomean("ratio_best"), "geomean_ratio_start": self.geomean("ratio_start"),
+            "geomean_ratio_oracle": self.geomean("ratio_oracle"),
+            "passed": self.passed, "workloads": [],
+        }  # fmt: skip
+        for w in self.workloads:
+            d = asdict(w)
+            d["verdict"]["passed"] = w.verdict.passed
+            d["policy"]["lost"] = w.policy.lost
+            for r in d["fixed"].values():
+                r["lost"] = sum(r["summary"].get(k, 0) for k in ("rejected", "failed", "unfinished"))
+            out["workloads"].append(d)
+        return _finite(out)
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no infinity: inf / nan become None."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+# -- tasks -------------------------------------------------------------------------------------------------------
+def all_compositions(cfg: VertumnusConfig) -> list[str]:
+    """Every reachable composition of the pool's lattice, most small-degree workers first."""
+    lat = Lattice(cfg.pool.nodes, cfg.pool.gpus_per_node, cfg.pool.degrees)
+    return [format_composition(lat.as_dict(c)) for c in sorted(lat.reachable(), reverse=True)]
+
+
+def apply_overrides(cfg: VertumnusConfig, overrides: Overrides) -> VertumnusConfig:
+    """A validated copy of ``cfg`` with dotted keys set (ValueError naming a bad key or value)."""
+    if not overrides:
+        return cfg
+    data = cfg.model_dump()
+    for key, value in overrides:
+        parts = key.split(".")
+        node = data
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                raise ValueError(f"unknown config key {key!r}")
+            node = node[p]
+        if parts[-1] not in node:
+            raise ValueError(f"unknown config key {key!r}")
+        node[parts[-1]] = value
+    try:
+        return VertumnusConfig.model_validate(data)
+    except Exception as e:  # pydantic ValidationError: one line naming the problem
+        raise ValueError(f"bad override {dict(overrides)}: {str(e).splitlines()[-1].strip()}") from None
+
+
+@dataclass(slots=True, frozen=True)
+class Task:
+    """One simulation: workload ``workload`` of the set, ``policy`` started from / fixed on ``composition``."""
+
+    set_path: str
+    config: str
+    workload: str
+    policy: str
+    composition: str
+    overrides: Overrides = ()
+
+
+@lru_cache(maxsize=4)
+def _context(set_path: str, config: str) -> tuple[EvalSet, VertumnusConfig, CostModel]:
+    cfg = load_sim_config(config)
+    return load_eval_set(set_path), cfg, load_cost(cfg)
+
+
+@lru_cache(maxsize=2)
+def _workload(set_path: str, config: str, name: str) -> Generated:
+    # The workload is defined by the base config (its cost model and pool size set the rates); overrides only
+    # change how the policy runs, so a sensitivity sweep compares runs on identical requests.
+    es, cfg, cost = _context(set_path, config)
+    return es.generate(name, cfg, cost)
+
+
+def run_task(task: Task) -> RunDigest:
+    """Run one task (in this process or a pool worker)."""
+    _, cfg, cost = _context(task.set_path, task.config)
+    gen = _workload(task.set_path, task.config, task.workload)
+    run_cfg = apply_overrides(cfg, task.overrides)
+    result = run_policy(gen.requests, run_cfg, cost, task.policy, task.composition)
+    summary = {k: result.summary.get(k) for k in SUMMARY_KEYS}
+    phases = [{k: s.get(k) for k in PHASE_KEYS} for s in phase_summaries(result.arrays, gen.bounds)]
+    return RunDigest(task.policy, task.composition, summary, phases)
+
+
+def run_tasks(
+    tasks: Sequence[Task], jobs: int = 1, progress: Callable[[int, int, Task], None] | None = None
+) -> list[RunDigest]:
+    """Run tasks in order (jobs = 1) or on a process pool; results in task order."""
+    out: list[RunDigest | None] = [None] * len(tasks)
+    if jobs <= 1:
+        for i, t in enumerate(tasks):
+            out[i] = run_task(t)
+            if progress:
+                progress(i + 1, len(tasks), t)
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as ex:
+            futures = {ex.submit(run_task, t): i for i, t in enumerate(tasks)}
+            for done, fut in enumerate(as_completed(futures), start=1):
+                i = futures[fut]
+                out[i] = fut.result()
+                if progress:
+                    progress(done, len(tasks), tasks[i])
+    return [r for r in out if r is not None]
+
+
+# -- the evaluation ----------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Plan:
+    """The validated inputs of an evaluation."""
+
+    eval_set: EvalSet
+    cfg: VertumnusConfig
+    cost: CostModel
+    workloads: list[str]
+    starts: dict[str, str]
+    compositions: list[str]
+
+
+def plan(set_path: str, config: str, policy: str, start: str | None = None,
+         workloads: Iterable[str] | None = None) -> Plan:  # fmt: skip
+    """Load and check everything before any run: set, config, policy, compositions (ValueError on a problem)."""
+    check_policy(policy)
+    es, cfg, cost = _context(set_path, config)
+    names = list(workloads) if workloads else [w.name for w in es.workloads]
+    for n in names:
+        es.workload(n)
+    comps = all_compositions(cfg)
+    starts = {}
+    for n in names:
+        text = start or es.start_of(es.workload(n))
+        try:
+            starts[n] = normalise_composition(text, cfg)
+        except ValueError as e:
+            raise ValueError(f"bad composition for workload {n!r}: {e}") from None
+        if starts[n] not in comps:
+            raise ValueError(f"composition {starts[n]} is not reachable in the lattice ({', '.join(comps)})")
+    for n in names:
+        es.trace_paths(es.workload(n).traces)
+    return Plan(es, cfg, cost, names, starts, comps)
+
+
+def fixed_tasks(p: Plan, set_path: str, config: str) -> list[Task]:
+    return [Task(set_path, config, n, STATIC, c) for n in p.workloads for c in p.compositions]
+
+
+def policy_tasks(p: Plan, set_path: str, config: str, policy: str, overrides: Overrides = ()) -> list[Task]:
+    return [Task(set_path, config, n, policy, p.starts[n], overrides) for n in p.workloads]
+
+
+def assemble(
+    p: Plan,
+    config: str,
+    policy: str,
+    policy_runs: Mapping[str, RunDigest],
+    fixed_runs: Mapping[tuple[str, str], RunDigest],
+    overrides: Overrides = (),
+) -> EvalResult:
+    """Verdicts from finished runs (``fixed_runs`` keyed by (workload, composition))."""
+    res = EvalResult(p.eval_set.name, p.eval_set.source, config, p.cost.profile.source, policy, overrides)
+    for n in p.workloads:
+        spec = p.eval_set.workload(n)
+        gen = _workload(p.eval_set.source, config, n)
+        layout = [
+            {"label": ph.label, "start_s": lo, "end_s": hi, "load": ph.load, "load_end": ph.load_end,
+             "long_share": ph.long_share, "long_end": ph.long_end, "rps": r0, "rps_end": r1}
+            for ph, (lo, hi), (r0, r1) in zip(gen.phases, gen.bounds, gen.rates, strict=True)
+        ]  # fmt: skip
+        fixed = {c: fixed_runs[(n, c)] for c in p.compositions}
+        verdict = derive(policy_runs[n], fixed, p.starts[n], [ph.label for ph in gen.phases])
+        res.workloads.append(WorkloadResult(n, spec.pattern, p.starts[n], len(gen.requests), gen.duration_s, layout,
+                                            policy_runs[n], fixed, verdict))  # fmt: skip
+    return res
+
+
+def evaluate(
+    set_path: str,
+    config: str,
+    policy: str = "vertumnus",
+    start: str | None = None,
+    jobs: int = 1,
+    workloads: Iterable[str] | None = None,
+    progress: Callable[[int, int, Task], None] | None = None,
+) -> EvalResult:
+    """Evaluate ``policy`` on the set under ``config`` (see the module docstring)."""
+    p = plan(set_path, config, policy, start, workloads)
+    ft = fixed_tasks(p, set_path, config)
+    pt = policy_tasks(p, set_path, config, policy)
+    # One workload's runs next to each other: a pool worker then regenerates few workloads (its cache holds two).
+    tasks = [t for n in p.workloads for t in (*(x for x in pt if x.workload == n), *(x for x in ft if x.workload == n))]
+    digests = dict(zip(tasks, run_tasks(tasks, jobs, progress), strict=True))
+    pol = {t.workload: digests[t] for t in pt}
+    fixed = {(t.workload, t.composition): digests[t] for t in ft}
+    return assemble(p, config, policy, pol, fixed)

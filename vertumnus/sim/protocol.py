@@ -1,0 +1,436 @@
+"""Out-of-sample workloads: time-varying request streams resampled from the public Mooncake traces.
+
+A workload is a sequence of :class:`LoadPhase` s. Each phase states a *load factor* (relative to the pool's
+capacity) and a long-request share (long = input > ``controller.long_threshold_tokens``), both either constant
+or moving from a start to an end value along a linear or half-cosine curve (a sine wave is a chain of
+half-cosine phases). Arrivals are a non-homogeneous Poisson process (thinning); each arrival is long with the
+phase's share at that instant and is drawn, with replacement, from the source pool's long or short requests.
+
+**Load → request rate.** w_i = min over the pool's degrees C of C·E_C(L_i, 0): GPU-seconds of request i prefilled
+from scratch (no cached prefix) at its most GPU-efficient degree, by the config's cost model. With w̄_short and
+w̄_long the means over the pool's short and long requests, a phase at load ρ and long share s arrives at
+
+    λ = ρ · G / ((1 − s)·w̄_short + s·w̄_long)  requests/s        (G = the pool's GPUs)
+
+so load 1.0 is the rate at which every GPU would be busy all the time with no prefix reuse at all. Prefix hits
+make the real utilisation lower (the conversation trace reuses most of its tokens), so loads somewhat above 1
+are still servable; the evaluation reports each run's measured hit rate. Under another cost profile the same
+load gives another rate: the load is relative to the pool as that profile prices it.
+
+**Prefix structure.** Hash ids that occur in two or more requests of the *source pool* keep their identity
+(namespaced per trace), so shared system prompts and earlier conversation turns stay shared; ids unique to one
+pool request get fresh ids at every draw, so a request drawn twice is not a free full cache hit.
+
+**Source pools.** A pool is a fraction range of each named trace's requests in arrival order (``0:0.5`` = the
+first half), which is how the tuning and test sets (``configs/eval/``) draw from disjoint source requests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from vertumnus.config import VertumnusConfig
+from vertumnus.profiling.cost_model import CostModel
+from vertumnus.sim.workload import TraceError, TraceRecord, build_requests, read_trace
+from vertumnus.types import Request
+
+TRACE_NAMESPACE_BITS = 40  # shared ids of trace k become (k + 1) << 40 | id: traces never collide
+FRESH_ID_BASE = 1 << 56  # fresh (per-draw) ids start here, above every namespaced id
+
+Curve = Literal["linear", "cosine"]
+
+
+# -- phases ----------------------------------------------------------------------------------------------------
+@dataclass(slots=True, frozen=True)
+class LoadPhase:
+    """``duration_s`` seconds whose load and long share move from (``load``, ``long_share``) to
+    (``load_end``, ``long_end``) along ``curve`` (None: constant). ``label`` names the phase in reports."""
+
+    duration_s: float
+    load: float
+    long_share: float
+    load_end: float | None = None
+    long_end: float | None = None
+    curve: Curve = "linear"
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if not (self.duration_s > 0 and math.isfinite(self.duration_s)):
+            raise ValueError(f"phase duration must be > 0, got {self.duration_s}")
+        for name in ("load", "load_end"):
+            v = getattr(self, name)
+            if v is not None and not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"phase {name} must be ≥ 0, got {v}")
+        for name in ("long_share", "long_end"):
+            v = getattr(self, name)
+            if v is not None and not 0 <= v <= 1:
+                raise ValueError(f"phase {name} must be in [0, 1], got {v}")
+        if self.curve not in ("linear", "cosine"):
+            raise ValueError(f"phase curve must be 'linear' or 'cosine', got {self.curve!r}")
+
+    def ease(self, u: float) -> float:
+        """Progress g(u) ∈ [0, 1] at fraction u of the phase (monotone in u)."""
+        return u if self.curve == "linear" else 0.5 * (1.0 - math.cos(math.pi * u))
+
+    def at(self, u: float) -> tuple[float, float]:
+        """(load, long share) at fraction ``u`` ∈ [0, 1] of the phase."""
+        g = self.ease(u)
+        lo = self.load if self.load_end is None else self.load + (self.load_end - self.load) * g
+        ls = self.long_share if self.long_end is None else self.long_share + (self.long_end - self.long_share) * g
+        return lo, ls
+
+    @property
+    def mean_load(self) -> float:
+        """Time-averaged load (linear and half-cosine curves both average to the midpoint)."""
+        return self.load if self.load_end is None else 0.5 * (self.load + self.load_end)
+
+    @property
+    def mean_long_share(self) -> float:
+        return self.long_share if self.long_end is None else 0.5 * (self.long_share + self.long_end)
+
+
+def phase_bounds(phases: Sequence[LoadPhase]) -> list[tuple[float, float]]:
+    """(start, end) seconds of each phase."""
+    out, t = [], 0.0
+    for p in phases:
+        out.append((t, t + p.duration_s))
+        t += p.duration_s
+    return out
+
+
+# -- patterns ---------------------------------------------------------------------------------------------------
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Level(_Params):
+    """A (load, long share) operating point."""
+
+    load: float = Field(ge=0)
+    long_share: float = Field(ge=0, le=1)
+
+
+class SteadyParams(_Params):
+    load: float = Field(ge=0)
+    long_share: float = Field(ge=0, le=1)
+    duration_s: float = Field(gt=0)
+
+
+class AlternatingParams(_Params):
+    """High-rate short phases and low-rate long-heavy phases in turn."""
+
+    high: Level
+    low: Level
+    high_s: float = Field(gt=0)
+    low_s: float = Field(gt=0)
+    phases: int = Field(ge=1, description="Number of phases in all (high and low together).")
+    start: Literal["high", "low"] = "high"
+
+
+class RampParams(_Params):
+    """Linear ramp of the load from ``from_load`` to ``to_load`` in ``steps`` equal phases, optional holds."""
+
+    from_load: float = Field(ge=0)
+    to_load: float = Field(ge=0)
+    long_share: float = Field(ge=0, le=1)
+    long_end: float | None = Field(None, ge=0, le=1)
+    ramp_s: float = Field(gt=0)
+    steps: int = Field(1, ge=1)
+    hold_before_s: float = Field(0.0, ge=0)
+    hold_after_s: float = Field(0.0, ge=0)
+
+
+class PulseParams(_Params):
+    """Base level, ``count`` excursions to the pulse level (a spike or a long-heavy plateau), base level."""
+
+    base: Level
+    pulse: Level
+    before_s: float = Field(gt=0)
+    pulse_s: float = Field(gt=0)
+    after_s: float = Field(gt=0)
+    count: int = Field(1, ge=1)
+
+
+class SineParams(_Params):
+    """Load mean ± amplitude with period ``period_s`` (phases: half periods); the long share swings the other way
+    (``long_at_low`` at the troughs, ``long_at_high`` at the crests)."""
+
+    mean_load: float = Field(gt=0)
+    amplitude: float = Field(ge=0)
+    period_s: float = Field(gt=0)
+    half_periods: int = Field(ge=1)
+    long_at_high: float = Field(ge=0, le=1)
+    long_at_low: float = Field(ge=0, le=1)
+    start: Literal["high", "low"] = "high"
+
+    @model_validator(mode="after")
+    def _positive(self) -> SineParams:
+        if self.amplitude > self.mean_load:
+            raise ValueError(f"amplitude {self.amplitude} exceeds mean_load {self.mean_load} (negative load)")
+        return self
+
+
+class PhaseParams(_Params):
+    duration_s: float = Field(gt=0)
+    load: float = Field(ge=0)
+    long_share: float = Field(ge=0, le=1)
+    load_end: float | None = Field(None, ge=0)
+    long_end: float | None = Field(None, ge=0, le=1)
+    curve: Curve = "linear"
+    label: str = ""
+
+
+class ExplicitParams(_Params):
+    phases: list[PhaseParams] = Field(min_length=1)
+
+
+def _steady(p: SteadyParams) -> list[LoadPhase]:
+    return [LoadPhase(p.duration_s, p.load, p.long_share, label=f"steady {p.load:g}")]
+
+
+def _alternating(p: AlternatingParams) -> list[LoadPhase]:
+    out = []
+    high = p.start == "high"
+    for _ in range(p.phases):
+        lv, dur, name = (p.high, p.high_s, "high") if high else (p.low, p.low_s, "low")
+        out.append(LoadPhase(dur, lv.load, lv.long_share, label=name))
+        high = not high
+    return out
+
+
+def _ramp(p: RampParams) -> list[LoadPhase]:
+    out = []
+    end_long = p.long_share if p.long_end is None else p.long_end
+    if p.hold_before_s:
+        out.append(LoadPhase(p.hold_before_s, p.from_load, p.long_share, label="hold"))
+    step = p.ramp_s / p.steps
+    for k in range(p.steps):
+        a, b = k / p.steps, (k + 1) / p.steps
+        lo0, lo1 = p.from_load + (p.to_load - p.from_load) * a, p.from_load + (p.to_load - p.from_load) * b
+        ls0, ls1 = p.long_share + (end_long - p.long_share) * a, p.long_share + (end_long - p.long_share) * b
+        out.append(LoadPhase(step, lo0, ls0, lo1, ls1, "linear", label="ramp"))
+    if p.hold_after_s:
+        out.append(LoadPhase(p.hold_after_s, p.to_load, end_long, label="hold"))
+    return out
+
+
+def _pulse(p: PulseParams) -> list[LoadPhase]:
+    out = [LoadPhase(p.before_s, p.base.load, p.base.long_share, label="base")]
+    for _ in range(p.count):
+        out.append(LoadPhase(p.pulse_s, p.pulse.load, p.pulse.long_share, label="pulse"))
+        out.append(LoadPhase(p.after_s, p.base.load, p.base.long_share, label="base"))
+    return out
+
+
+def _sine(p: SineParams) -> list[LoadPhase]:
+    hi, lo = p.mean_load + p.amplitude, p.mean_load - p.amplitude
+    out = []
+    falling = p.start == "high"
+    for _ in range(p.half_periods):
+        if falling:
+            out.append(LoadPhase(p.period_s / 2, hi, p.long_at_high, lo, p.long_at_low, "cosine", "falling"))
+        else:
+            out.append(LoadPhase(p.period_s / 2, lo, p.long_at_low, hi, p.long_at_high, "cosine", "rising"))
+        falling = not falling
+    return out
+
+
+def _explicit(p: ExplicitParams) -> list[LoadPhase]:
+    return [LoadPhase(**ph.model_dump()) for ph in p.phases]
+
+
+PATTERNS: dict[str, tuple[type[_Params], Callable[[Any], list[LoadPhase]]]] = {
+    "steady": (SteadyParams, _steady),
+    "alternating": (AlternatingParams, _alternating),
+    "ramp": (RampParams, _ramp),
+    "spike": (PulseParams, _pulse),
+    "plateau": (PulseParams, _pulse),
+    "sine": (SineParams, _sine),
+    "phases": (ExplicitParams, _explicit),
+}
+
+
+def build_phases(pattern: str, params: Mapping[str, Any]) -> list[LoadPhase]:
+    """The phases of a named pattern (ValueError on an unknown pattern or bad parameters)."""
+    if pattern not in PATTERNS:
+        raise ValueError(f"unknown workload pattern {pattern!r}; known: {', '.join(PATTERNS)}")
+    model, build = PATTERNS[pattern]
+    try:
+        parsed = model.model_validate(dict(params))
+    except ValidationError as e:
+        bad = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or '<params>'}: {err['msg']}" for err in e.errors())
+        raise ValueError(f"pattern {pattern!r}: {bad}") from None
+    return build(parsed)
+
+
+# -- source pools ----------------------------------------------------------------------------------------------
+@dataclass(slots=True, frozen=True)
+class PoolRequest:
+    """One source request: where it comes from and its ids, with ``shared[k]`` true when id k is shared."""
+
+    trace: str
+    line: int
+    input_len: int
+    output_len: int
+    hash_ids: tuple[int, ...]  # already namespaced per trace
+    shared: tuple[bool, ...]
+
+
+@dataclass(slots=True)
+class SourcePool:
+    """Short and long requests of a fraction range of one or more traces, with their mean GPU-seconds."""
+
+    short: list[PoolRequest]
+    long: list[PoolRequest]
+    work_short: float  # w̄_short: mean GPU-seconds, no cache, cheapest degree
+    work_long: float
+    gpus: int
+    traces: tuple[str, ...] = ()
+    fraction: tuple[float, float] = (0.0, 1.0)
+
+    def rate(self, load: float, long_share: float) -> float:
+        """Requests/s at ``load`` and ``long_share`` (module docstring)."""
+        work = (1.0 - long_share) * self.work_short + long_share * self.work_long
+        return load * self.gpus / work if work > 0 else 0.0
+
+    @property
+    def capacity_rps(self) -> tuple[float, float]:
+        """Load-1.0 rates of an all-short and an all-long stream."""
+        return self.rate(1.0, 0.0), self.rate(1.0, 1.0)
+
+
+def slice_records(records: Sequence[TraceRecord], fraction: tuple[float, float]) -> list[TraceRecord]:
+    """Records [⌊a·n⌋, ⌊b·n⌋) of a trace in arrival order; adjacent ranges never share a record."""
+    a, b = fraction
+    if not 0 <= a < b <= 1:
+        raise ValueError(f"bad request range {a}:{b}; need 0 ≤ start < end ≤ 1")
+    n = len(records)
+    return list(records[math.floor(a * n) : math.floor(b * n)])
+
+
+def gpu_seconds(cost: CostModel, degrees: Sequence[int], lengths: np.ndarray) -> np.ndarray:
+    """min over degrees C of C·E_C(L, 0) per request (GPU-seconds of an uncached prefill)."""
+    return np.min(np.stack([c * cost.predict_degree(c, lengths, np.zeros_like(lengths)) for c in degrees]), axis=0)
+
+
+def make_pool(
+    traces: Mapping[str, Sequence[TraceRecord]],
+    fraction: tuple[float, float],
+    cfg: VertumnusConfig,
+    cost: CostModel,
+) -> SourcePool:
+    """The pool of ``traces`` (name → records, the namespace order is the sorted name order) over ``fraction``."""
+    threshold = cfg.controller.long_threshold_tokens
+    short: list[PoolRequest] = []
+    long: list[PoolRequest] = []
+    for k, name in enumerate(sorted(traces)):
+        recs = slice_records(traces[name], fraction)
+        counts: dict[int, int] = {}
+        for r in recs:
+            for h in set(r.hash_ids):
+                counts[h] = counts.get(h, 0) + 1
+        ns = (k + 1) << TRACE_NAMESPACE_BITS
+        for r in recs:
+            pr = PoolRequest(
+                name, r.line, r.input_len, r.output_len,
+                tuple(ns | h for h in r.hash_ids), tuple(counts[h] > 1 for h in r.hash_ids),
+            )  # fmt: skip
+            (long if r.input_len > threshold else short).append(pr)
+    if not short and not long:
+        raise TraceError(f"no source requests in range {fraction[0]:g}:{fraction[1]:g} of {sorted(traces)}")
+    degrees = list(cfg.pool.degrees)
+
+    def mean_work(reqs: list[PoolRequest]) -> float:
+        if not reqs:
+            return math.inf  # an empty class makes any share of it unreachable (rate → 0)
+        return float(gpu_seconds(cost, degrees, np.array([r.input_len for r in reqs], dtype=np.float64)).mean())
+
+    return SourcePool(short, long, mean_work(short), mean_work(long), cfg.pool.total_gpus, tuple(sorted(traces)),
+                      fraction)  # fmt: skip
+
+
+@lru_cache(maxsize=8)
+def _read_cached(path: str) -> tuple[TraceRecord, ...]:
+    records, _ = read_trace(path)
+    return tuple(records)
+
+
+def load_pool(
+    paths: Mapping[str, str | Path], fraction: tuple[float, float], cfg: VertumnusConfig, cost: CostModel
+) -> SourcePool:
+    """Read the traces (cached per process) and build their pool."""
+    traces = {name: _read_cached(str(p)) for name, p in paths.items()}
+    return make_pool(traces, fraction, cfg, cost)
+
+
+# -- generation -------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Generated:
+    """A generated workload: requests, phase layout and where each request was drawn from."""
+
+    name: str
+    requests: list[Request]
+    phases: list[LoadPhase]
+    bounds: list[tuple[float, float]]
+    sources: list[tuple[str, int]]  # (trace, source line) of each request, in request order
+    rates: list[tuple[float, float]] = field(default_factory=list)  # req/s at each phase's start and end
+
+    @property
+    def duration_s(self) -> float:
+        return self.bounds[-1][1] if self.bounds else 0.0
+
+
+def generate_records(
+    phases: Sequence[LoadPhase], pool: SourcePool, seed: int
+) -> tuple[list[TraceRecord], list[tuple[str, int]]]:
+    """Arrivals (thinning of a Poisson process at each phase's peak rate) and resampled, re-identified requests."""
+    if pool.short == [] and any(p.long_share < 1 or (p.long_end is not None and p.long_end < 1) for p in phases):
+        raise ValueError("the source pool has no short requests but a phase asks for them")
+    if pool.long == [] and any(p.long_share > 0 or (p.long_end or 0) > 0 for p in phases):
+        raise ValueError("the source pool has no long requests but a phase asks for them")
+    rng = np.random.default_rng(seed)
+    next_fresh = FRESH_ID_BASE
+    records: list[TraceRecord] = []
+    sources: list[tuple[str, int]] = []
+    for (start, end), ph in zip(phase_bounds(phases), phases, strict=True):
+        # rate(g) = G·load(g) / w̄(share(g)) with load and share affine in the same monotone g: a Möbius function
+        # of g, hence monotone, so its peak over the phase is at one of the two ends.
+        peak = max(pool.rate(*ph.at(0.0)), pool.rate(*ph.at(1.0)))
+        t = start
+        while peak > 0:
+            t += float(rng.exponential(1.0 / peak))
+            if t >= end:
+                break
+            load, share = ph.at((t - start) / ph.duration_s)
+            if rng.random() * peak >= pool.rate(load, share):
+                continue
+            bucket = pool.long if rng.random() < share else pool.short
+            src = bucket[int(rng.integers(len(bucket)))]
+            ids = []
+            for h, shared in zip(src.hash_ids, src.shared, strict=True):
+                if shared:
+                    ids.append(h)
+                else:
+                    ids.append(next_fresh)
+                    next_fresh += 1
+            records.append(TraceRecord(len(records) + 1, t, src.input_len, src.output_len, tuple(ids)))
+            sources.append((src.trace, src.line))
+    return records, sources
+
+
+def generate(name: str, phases: Sequence[LoadPhase], pool: SourcePool, seed: int, cfg: VertumnusConfig) -> Generated:
+    """Requests of one workload (deterministic for a given pool, phases and seed)."""
+    records, sources = generate_records(phases, pool, seed)
+    if not records:
+        raise ValueError(f"workload {name!r} generated no requests (all loads zero?)")
+    requests = build_requests(records, cfg, prefix=f"{name}:", origin_s=0.0)
+    rates = [(pool.rate(*p.at(0.0)), pool.rate(*p.at(1.0))) for p in phases]
+    return Generated(name, requests, list(phases), phase_bounds(phases), sources, rates)

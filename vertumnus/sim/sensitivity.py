@@ -1,0 +1,202 @@
+"""Sensitivity of a set's verdict to the controller's thresholds, one threshold varied at a time.
+
+For each (key, value) the policy reruns every workload of the set with only that key changed; the fixed
+compositions are run once (``vertumnus-static`` turns the controller off, so ``controller.*`` keys cannot
+change them; any other key reruns them too). The verdict per point is the geometric mean over the workloads of
+the policy's mean TTFT ÷ the best fixed composition's (and ÷ its start held fixed) plus how many workloads meet
+every done-when criterion. A value the config rejects (e.g. θ_low ≥ θ_up) is reported and skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vertumnus.config import ControllerConfig, VertumnusConfig
+from vertumnus.sim.evaluate import (
+    EvalResult,
+    Overrides,
+    Task,
+    apply_overrides,
+    assemble,
+    fixed_tasks,
+    plan,
+    policy_tasks,
+    run_tasks,
+)
+
+# Not thresholds of the decision: the long-request class defines the workload, switch_s is simulated hardware
+# time, headroom only picks the initial composition (the evaluation states the start composition).
+NOT_THRESHOLDS = frozenset({"long_threshold_tokens", "switch_s", "headroom"})
+FLOAT_STEPS = (0.8, 0.9, 1.0, 1.1, 1.2)
+INT_STEPS = (-1, 0, 1, 2)
+
+
+def controller_thresholds(cfg: VertumnusConfig) -> list[str]:
+    """Every numeric ``controller.*`` field of the config except :data:`NOT_THRESHOLDS` (new knobs included)."""
+    out = []
+    for name in ControllerConfig.model_fields:
+        v = getattr(cfg.controller, name)
+        if name in NOT_THRESHOLDS or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        out.append(f"controller.{name}")
+    return out
+
+
+def around(value: float | int, steps: Sequence[float] | None = None) -> list[float | int]:
+    """Grid around a config value: ×0.8..×1.2 for floats, −1..+2 for integers (≥ 1)."""
+    if isinstance(value, int):
+        return sorted({max(1, value + d) for d in (steps or INT_STEPS)})
+    return sorted({round(value * f, 4) for f in (steps or FLOAT_STEPS)})
+
+
+def _key(name: str) -> str:
+    return name if "." in name else f"controller.{name}"
+
+
+def _get(cfg: VertumnusConfig, key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        if not hasattr(node, part):
+            raise ValueError(f"unknown config key {key!r}")
+        node = getattr(node, part)
+    return node
+
+
+def parse_sweep(specs: Sequence[str], cfg: VertumnusConfig) -> dict[str, list[Any]]:
+    """``["theta_up=0.6,0.7", "persist_windows"]`` → grid; a bare key (or ``auto`` for every controller threshold)
+    gets :func:`around` its config value. Keys without a section are ``controller.`` keys."""
+    grid: dict[str, list[Any]] = {}
+    for spec in specs:
+        if spec.strip() == "auto":
+            for k in controller_thresholds(cfg):
+                grid[k] = around(_get(cfg, k))
+            continue
+        name, sep, values = spec.partition("=")
+        key = _key(name.strip())
+        base = _get(cfg, key)
+        if isinstance(base, bool) or not isinstance(base, (int, float)):
+            raise ValueError(f"--sweep {key}: only numeric keys can be swept (it is {base!r})")
+        if not sep:
+            grid[key] = around(base)
+            continue
+        try:
+            kind = int if isinstance(base, int) else float
+            grid[key] = [kind(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            raise ValueError(f"bad --sweep {spec!r}; expected KEY=V1,V2,... with numbers") from None
+        if not grid[key]:
+            raise ValueError(f"bad --sweep {spec!r}: no values")
+    return grid
+
+
+@dataclass(slots=True)
+class SweepResult:
+    base: EvalResult
+    points: list[dict[str, Any]] = field(default_factory=list)  # key, value, is_base, ratio_best, ... or note
+    results: dict[tuple[str, Any], EvalResult] = field(default_factory=dict)
+
+
+def _point(key: str, value: Any, base_value: Any, res: EvalResult | None, note: str = "") -> dict[str, Any]:
+    p: dict[str, Any] = {"key": key, "value": value, "is_base": value == base_value, "note": note}
+    if res is not None:
+        p.update({"ratio_best": res.geomean("ratio_best"), "ratio_start": res.geomean("ratio_start"),
+                  "ratio_oracle": res.geomean("ratio_oracle"), "passed": res.passed,
+                  "workloads": len(res.workloads)})  # fmt: skip
+    return p
+
+
+def sweep(
+    set_path: str,
+    config: str,
+    grid: Mapping[str, Sequence[Any]],
+    policy: str = "vertumnus",
+    start: str | None = None,
+    jobs: int = 1,
+    progress: Callable[[int, int, Task], None] | None = None,
+) -> SweepResult:
+    """Run the sweep (see the module docstring); the config's own values are always included as the base."""
+    p = plan(set_path, config, policy, start)
+    base_values = {k: _get(p.cfg, k) for k in grid}
+    settings: list[tuple[str, Any, Overrides]] = []
+    notes: list[tuple[str, Any, str]] = []
+    for key, values in grid.items():
+        for v in values:
+            if v == base_values[key]:
+                continue
+            ov: Overrides = ((key, v),)
+            try:
+                apply_overrides(p.cfg, ov)
+            except ValueError as e:
+                notes.append((key, v, str(e)))
+                continue
+            settings.append((key, v, ov))
+    tagged: list[tuple[bool, Task]] = [(False, t) for t in fixed_tasks(p, set_path, config)]
+    tagged += [(True, t) for t in policy_tasks(p, set_path, config, policy)]
+    for key, _, ov in settings:
+        if not key.startswith("controller."):
+            tagged += [(False, Task(t.set_path, t.config, t.workload, t.policy, t.composition, ov))
+                       for t in fixed_tasks(p, set_path, config)]  # fmt: skip
+        tagged += [(True, t) for t in policy_tasks(p, set_path, config, policy, ov)]
+    digests = run_tasks([t for _, t in tagged], jobs, progress)
+    fixed: dict[Overrides, dict[tuple[str, str], Any]] = {}
+    pol: dict[Overrides, dict[str, Any]] = {}
+    for (is_policy, t), d in zip(tagged, digests, strict=True):
+        if is_policy:
+            pol.setdefault(t.overrides, {})[t.workload] = d
+        else:
+            fixed.setdefault(t.overrides, {})[(t.workload, t.composition)] = d
+    base = assemble(p, config, policy, pol[()], fixed[()])
+    out = SweepResult(base)
+    for key in grid:
+        for v in sorted({*grid[key], base_values[key]}):
+            if v == base_values[key]:
+                out.points.append(_point(key, v, base_values[key], base))
+                continue
+            note = next((n for k, vv, n in notes if k == key and vv == v), None)
+            if note is not None:
+                out.points.append(_point(key, v, base_values[key], None, note))
+                continue
+            ov = ((key, v),)
+            res = assemble(p, config, policy, pol[ov], fixed.get(ov, fixed[()]), ov)
+            out.results[(key, v)] = res
+            out.points.append(_point(key, v, base_values[key], res))
+    return out
+
+
+def plot_sweep(points: Sequence[dict[str, Any]], path: Path, title: str = "") -> Path:
+    """One panel per key: geometric-mean ratio to the best fixed (and to the start held fixed) against the value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(dict.fromkeys(p["key"] for p in points))
+    cols = min(3, max(1, len(keys)))
+    rows = math.ceil(len(keys) / cols) if keys else 1
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys, strict=False):
+        pts = [p for p in points if p["key"] == key and p.get("ratio_best") is not None]
+        xs = [p["value"] for p in pts]
+        ax.plot(xs, [p["ratio_best"] for p in pts], "o-", label="÷ best fixed")
+        ax.plot(xs, [p["ratio_start"] for p in pts], "s--", label="÷ start held fixed", alpha=0.7)
+        for p in pts:
+            if p["is_base"]:
+                ax.axvline(p["value"], color="grey", lw=0.8, ls=":")
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xlabel(key.removeprefix("controller."))
+        ax.set_ylabel("geomean mean-TTFT ratio")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(keys) :]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
