@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "serve_cmd",
     "bench_serve",
     "profile_cmd",
+    "evaluate_cmd",
 )
 
 for _name in COMMAND_MODULES:

@@ -149,11 +149,13 @@ def build_requests(
     target_rps: float | None = None,
     slice_s: tuple[float, float] | None = None,
     prefix: str = "t",
+    origin_s: float | None = None,
 ) -> list[Request]:
     """Slice (trace seconds), shift to start at 0, compress time and attach per-request SLOs.
 
     τ_i = slo.base_s + slo.per_token_s × L_i. Request ids are ``{prefix}{line}`` so results point back at the
-    trace line.
+    trace line. ``origin_s``: the trace time that becomes 0 (default: the first kept request's), so generated
+    workloads keep their phase boundaries.
     """
     if cfg.cache.block_tokens != TRACE_BLOCK_TOKENS:
         raise ValueError(
@@ -166,7 +168,7 @@ def build_requests(
     if not recs:
         raise TraceError("no requests left in the trace (empty file or --slice outside the trace)")
     scale = time_scale(recs, rate_scale, target_rps)
-    t0 = recs[0].timestamp_s
+    t0 = recs[0].timestamp_s if origin_s is None else origin_s
     base, per_tok = cfg.slo.base_s, cfg.slo.per_token_s
     out: list[Request] = []
     for r in recs:
