@@ -199,3 +199,38 @@ def test_an_explicit_placement_cost_policy_sets_beta_and_lambda() -> None:
     assert base.lam == 0.1 and s.lam == 0.0
     with pytest.raises(ValueError, match="beta ≥ 1"):
         PlacementCostPolicy(0.5, 0.0)
+
+
+def test_a_nearly_full_worker_holding_the_prefix_is_charged_only_the_blocks_it_lacks() -> None:
+    # kv = 16 per rank: CP4 capacity 64 blocks, CP8 128. A running 50-block prefill fills worker 1 (CP4) to
+    # 14 free blocks; it finished its predicted time long ago, so q_1 = 0 by t = 100.
+    s = make(kv=16, lam=0.0)
+    for w in (0, 2):
+        s.set_state(w, WorkerState.DRAINING)
+    busy = s.place(req("busy", 50 * 512), NO_MATCH, 0.0)
+    assert busy is not None and busy.worker_id == 1 and s.started("busy", 1, 0.0)
+    for w in (0, 2):
+        s.set_state(w, WorkerState.ACTIVE)
+    t, i1 = s.table, s.table.index[1]
+    assert (t.free_blocks[i1], s.queue_s(1, 100.0)) == (14, 0.0)
+    # 60 blocks, the first 50 held by worker 1: it lacks 10 ≤ 14 free blocks, so it is eligible, and reusing
+    # 25600 tokens it beats the idle workers (E4(5120, 25600) < E4(30720, 0) and E8(30720, 0)).
+    p = s.place(req("x", 60 * 512), PrefixMatch(50, {1: 50}), 100.0)
+    assert p is not None and (p.worker_id, p.cached_tokens, p.uncached_tokens) == (1, 25600, 5120)
+    assert p.predicted_s == COST.predict(4, 5120, 25600)
+    assert (t.free_blocks[i1], t.outstanding[i1]) == (4, 50 + 10)  # charged only the 10 blocks it computes
+    s.release("x")
+    assert (t.free_blocks[i1], t.outstanding[i1]) == (14, 50)
+    # Without the prefix the same request needs all 60 blocks there: worker 1 is not eligible.
+    q = s.place(req("y", 60 * 512), NO_MATCH, 100.0)
+    assert q is not None and q.worker_id != 1
+
+
+def test_a_held_prefix_never_makes_a_prompt_larger_than_the_worker_eligible() -> None:
+    # 70 blocks, 60 of them held by the CP4 worker 1 (capacity 64): only 10 are missing, but the whole prompt
+    # must be resident during its prefill. Only the CP8 (128 blocks) can take it.
+    s = make(kv=16, lam=0.0)
+    p = s.place(req("x", 70 * 512), PrefixMatch(60, {1: 60}), 0.0)
+    assert p is not None and (p.worker_id, p.cached_tokens) == (0, 0)
+    s.set_state(0, WorkerState.DRAINING)
+    assert s.place(req("y", 70 * 512), PrefixMatch(60, {1: 60}), 0.0) is None  # waits for the CP8

@@ -2,12 +2,15 @@
 
 One placement, for request i with L tokens and the trie's match:
 
-1. eligible = ACTIVE ∧ L ≤ max_model_len ∧ free KV blocks ≥ ⌈L/B⌉ (a cache miss never excludes);
+1. eligible = ACTIVE ∧ L ≤ max_model_len ∧ free KV blocks ≥ ⌈L/B⌉ − held_w (the blocks of the prompt the
+   worker does not already hold validly; the whole prompt must still fit its capacity). A cache miss never
+   excludes;
 2. P_w = min(held_w·B, L − 1), R_w = L − P_w, Ê_w = E_{C_w}(R_w, P_w) (CostModel.predict);
 3. J_w = q_w(now) + Ê_w·(β + λ·(C_w − C_min)/C_min); argmin, ties to the lower C, then the lower worker id
    (q_w for all workers is one vector expression; Ê is computed once per degree for the workers holding
    nothing of the prompt and once per holder — see ``_choose_fast``);
-4. reserve Ê_w in q_w at once (so a concurrent arrival sees it), reserve ⌈L/B⌉ KV blocks;
+4. reserve Ê_w in q_w at once (so a concurrent arrival sees it), reserve the ⌈L/B⌉ − held_w KV blocks the
+   worker must allocate (its held prefix is resident already);
 5. C_pref = degree of argmin_w Ê_w·(β + λ·(C_w − C_min)/C_min) — J without q — for the cache statistics.
 
 A request no worker could ever serve raises :class:`RequestRejected`; "nothing schedulable right now" returns
@@ -166,6 +169,8 @@ class Scheduler:
         if not self._ids:
             return None
         eligible = t.active & (t.free_blocks >= need)
+        if match.held_blocks and not eligible.all():
+            self._credit_holders(eligible, match, need)
         first_row = int(eligible.argmax())  # rows sorted by degree: the first eligible row has C_min
         if not eligible[first_row]:
             return None
@@ -188,11 +193,28 @@ class Scheduler:
             preferred_degree=ch.pref_degree,
             epoch=info.epoch,
         )
-        reused = min(ch.held, need)
-        ticket = Ticket(request, placement, need, need - reused, first_placement=first)
+        missing = need - min(ch.held, need)  # the held prefix is resident: only these blocks are allocated
+        ticket = Ticket(request, placement, missing, missing, first_placement=first)
         t.reserve(ticket)
         self.tickets[request.request_id] = ticket
         return placement
+
+    def _credit_holders(self, eligible: np.ndarray, match: PrefixMatch, need: int) -> None:
+        """Make eligible (in place) the ACTIVE holders of the prompt's prefix that lack free KV for the whole
+        prompt but have it for the blocks they do not hold; the prompt must still fit their capacity.
+
+        Only the rows ``free < need`` can change, so callers skip this when every row is already eligible;
+        the loop runs over the match's holders, never over all workers.
+        """
+        t = self.table
+        index, infos = t.index, t.infos
+        ev, act, free = eligible.data, t.active.data, t.free_blocks.data
+        for wid, h in match.held_blocks.items():
+            k = index.get(wid)
+            if k is None or h <= 0 or ev[k] or not act[k]:
+                continue
+            if free[k] >= need - min(h, need) and infos[k].capacity_blocks >= need:
+                ev[k] = True
 
     def _factor(self, degree: int, c_min: int) -> float:
         """β + λ·(C − C_min)/C_min (same operation order as the vectorised and view paths)."""

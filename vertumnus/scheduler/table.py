@@ -5,7 +5,8 @@ Invariants (checked by tests, kept by every mutator here):
 - rows are ordered by (degree, worker_id), so ``np.argmin`` over a cost column already breaks ties towards
   the lower degree, then the lower worker id; rows are rebuilt only when a worker joins or leaves;
 - ``reserved_s[w]`` = Σ Ê of the tickets (queued + running requests) at w; ``free_blocks[w]`` =
-  capacity − Σ reserved KV blocks of those tickets; ``outstanding[w]`` = Σ uncached blocks of those tickets;
+  capacity − Σ KV blocks charged to those tickets (each: the prompt's blocks w did not hold at placement — a
+  held prefix is resident already); ``outstanding[w]`` = Σ uncached blocks of those tickets;
 - at most one running ticket per worker: ``run_start[w]`` / ``run_est[w]`` (0 when idle), so
   ``q_w(now) = reserved_s − min(now − run_start, run_est)`` is O(1) per worker and never rescans a queue;
   ``busy`` = rows with a running ticket: every other row has run_start = run_est = 0, so q_w = reserved_s;
@@ -28,7 +29,7 @@ class Ticket:
 
     request: Request
     placement: Placement
-    blocks: int  # KV blocks reserved at the worker (the whole prompt)
+    blocks: int  # KV blocks charged at the worker: the prompt's blocks it did not hold (allocated for it)
     uncached_blocks: int  # blocks the worker must compute (outstanding_blocks contribution)
     first_placement: bool = True
     running: bool = False
