@@ -130,6 +130,31 @@ class ControllerConfig(_Section):
     headroom: float = Field(0.2, ge=0, description="Initial composition needs K ≥ (1+headroom)·D̄.")
     switch_s: float = Field(0.8, ge=0, description="Simulated switch-stage duration (seconds).")
     history_trace: str | None = Field(None, description="Trace used to pick the initial composition.")
+    policy: Literal["rules", "predictive"] = Field(
+        "rules",
+        description="rules: the paper's ρ / long-share thresholds; predictive: replay recent arrivals on the "
+        "current, adjacent and two-step compositions and take the best predicted mean TTFT (docs/design.md §2).",
+    )
+    max_concurrent_ops: int = Field(
+        2, ge=1, description="Operations on disjoint workers one decision may start together (predictive)."
+    )
+    lookback_windows: float = Field(
+        2.0, gt=0, description="Predictive: the forecast replays the arrivals of the last this many windows."
+    )
+    min_forecast_requests: int = Field(
+        32, ge=1, description="Predictive: use at least this many most recent arrivals, however old."
+    )
+    split_margin: float = Field(
+        0.02, ge=0, lt=1, description="Predictive: a split must cut the predicted mean TTFT by this fraction."
+    )
+    merge_margin: float = Field(
+        0.05, ge=0, lt=1, description="Predictive: a merge must cut the predicted mean TTFT by this fraction."
+    )
+    merge_stress: float = Field(
+        1.25, ge=1, description="Predictive: a merge must also win with the forecast's arrival rate × this."
+    )
+    split_persist_windows: int = Field(1, ge=1, description="Predictive: windows a split must be wanted.")
+    merge_persist_windows: int = Field(2, ge=1, description="Predictive: windows a merge must be wanted.")
 
     @model_validator(mode="after")
     def _band(self) -> ControllerConfig:

@@ -159,7 +159,9 @@ class PrefillPool:
             self._unplace(request.request_id, cancel_reconcile=True)  # nothing stays reserved for it
             raise
         if first:
-            self.controller.observe(placement.predicted_s, request.input_len)
+            self.controller.observe(
+                placement.predicted_s, request.input_len, placement.cached_tokens, request.arrival_s
+            )
         return placement
 
     def _unplace(self, request_id: str, cancel_reconcile: bool) -> None:

@@ -1,6 +1,11 @@
-"""The window-based controller: measure each window, decide a direction, pick one lattice move, run it.
+"""The window-based controller: measure each window, decide a direction, pick lattice moves, run them.
 
-Operation choice among topology-compatible moves of the decided direction (all participants ACTIVE):
+Two decision policies share the window accounting, the lattice and the epoch protocol:
+``rules`` (the paper's ρ / long-share thresholds, :mod:`vertumnus.controller.rules`, one operation at a time)
+and ``predictive`` (:mod:`vertumnus.controller.predictive`: replay the recent arrivals on the current,
+adjacent and multi-operation compositions and move where the predicted mean TTFT is lowest).
+
+Rule-policy operation choice among topology-compatible moves of the decided direction (all participants ACTIVE):
   1. smallest predicted drain time = max q_w(now) over the participating workers (they drain in parallel);
   2. then the least expected KV-reconciliation traffic (``cache.reconcile_traffic(plan)``), evaluated only
      for the moves tied on (1);
@@ -20,6 +25,7 @@ from vertumnus.config import VertumnusConfig
 from vertumnus.controller.epochs import EpochManager
 from vertumnus.controller.initial import History
 from vertumnus.controller.lattice import Lattice, LatticeOp
+from vertumnus.controller.predictive import ArrivalLog, Decision, PredictiveModel, worker_states
 from vertumnus.controller.rules import Direction, WindowAccount, WindowReport
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.types import ReconfigKind, ReconfigPlan, WorkerState
@@ -65,6 +71,17 @@ class Controller:
         self._kappa: dict[int, float] = {}
         if self.enabled:
             self._kappa = {c: cost.kappa(c, self.window_s) for c in lattice.degrees}
+        self.policy = cc.policy
+        self.lookback_s = cc.lookback_windows * cc.window_s
+        self.min_forecast = cc.min_forecast_requests
+        self.persist_split = cc.split_persist_windows
+        self.persist_merge = cc.merge_persist_windows
+        self.log = ArrivalLog(self.lookback_s, cc.min_forecast_requests)
+        self.model = PredictiveModel(
+            cost, lattice.degrees, cfg.scheduler.beta, cfg.scheduler.lam, cc.switch_s, cc.max_concurrent_ops,
+            cc.split_margin, cc.merge_margin, cc.merge_stress,
+        )  # fmt: skip
+        self.last_decision: Decision | None = None
 
     def start(self, now: float) -> None:
         """Open the first window at ``now``."""
@@ -76,9 +93,13 @@ class Controller:
         comp = self.lattice.composition() if composition is None else composition
         return sum(self._kappa[c] * n for c, n in comp.items())
 
-    def observe(self, predicted_s: float, input_len: int) -> None:
-        """A request's first placement in the current window (adds Ê_{i,w_i} to D_k)."""
+    def observe(
+        self, predicted_s: float, input_len: int, cached_tokens: int = 0, arrival_s: float | None = None
+    ) -> None:
+        """A request's first placement in the current window (adds Ê_{i,w_i} to D_k; logs it for the forecast)."""
         self.account.observe(predicted_s, input_len > self.long_threshold)
+        if arrival_s is not None and self.policy == "predictive":
+            self.log.add(arrival_s, input_len, cached_tokens)
 
     def end_window(self, now: float, queue_s: Callable[[int], float]) -> WindowReport:
         """Close the window ending at ``self.next_window_end`` and maybe begin one operation."""
@@ -90,6 +111,9 @@ class Controller:
         if self.epochs.current is not None:
             self.account.busy()
             return report
+        if self.policy == "predictive":
+            self._predictive(report, now)
+            return report
         chosen: Candidate | None = None
         if report.signal != Direction.NONE:
             kind = ReconfigKind.SPLIT if report.signal == Direction.SPLIT else ReconfigKind.MERGE
@@ -100,14 +124,53 @@ class Controller:
             self.epochs.begin(self._plan(chosen), now)
         return report
 
-    def candidates(self, kind: ReconfigKind, demand_s: float, queue_s: Callable[[int], float]) -> list[Candidate]:
-        """Admissible moves of one kind with their predicted drain times (merge admission applied)."""
+    def _predictive(self, report: WindowReport, now: float) -> None:
+        """The predictive policy's window end (see vertumnus.controller.predictive)."""
+        sched = self.epochs.scheduler
+        ops = {
+            kind: [
+                c.op
+                for c in sorted(
+                    self.candidates(kind, 0.0, lambda w: sched.queue_s(w, now), admit=False),
+                    key=lambda c: (c.drain_s, c.op.sources[0].worker_id),
+                )
+            ]
+            for kind in (ReconfigKind.SPLIT, ReconfigKind.MERGE)
+        }
+        picked = self.log.forecast(now, self.lookback_s, self.min_forecast)
+        workers = worker_states(sched, self.lattice, now)
+        decision = self.model.decide(workers, self.model.arrivals(picked), ops)
+        self.last_decision = decision
+        direction = {None: Direction.NONE, ReconfigKind.SPLIT: Direction.SPLIT, ReconfigKind.MERGE: Direction.MERGE}[
+            decision.want
+        ]
+        report.signal = direction
+        report.reason = decision.reason
+        persist = self.persist_split if direction == Direction.SPLIT else self.persist_merge
+        if not self.account.persist(report, direction, persist):
+            return
+        move = decision.best_split if direction == Direction.SPLIT else decision.best_merge
+        assert move is not None and move.ops
+        self.account.acted(report)
+        for i, op in enumerate(move.ops):
+            if i:  # later operations get fresh target ids (the first plan reserved its own)
+                src = op.sources[0].worker_id
+                again = self.lattice.split_of(src) if op.kind == ReconfigKind.SPLIT else self.lattice.merge_of(src)
+                assert again is not None
+                op = again
+            drain = max(sched.queue_s(s.worker_id, now) for s in op.sources)
+            self.epochs.begin(self.epochs.next_plan(op, drain), now)
+
+    def candidates(
+        self, kind: ReconfigKind, demand_s: float, queue_s: Callable[[int], float], admit: bool = True
+    ) -> list[Candidate]:
+        """Moves of one kind with their predicted drain times (merge admission applied when ``admit``)."""
         cap = self.capacity()
         out: list[Candidate] = []
         for op in self.lattice.ops(kind):
             if any(self.epochs.scheduler.state(s.worker_id) != WorkerState.ACTIVE for s in op.sources):
                 continue
-            if kind == ReconfigKind.MERGE:
+            if kind == ReconfigKind.MERGE and admit:
                 c = op.sources[0].degree
                 merged = cap - 2 * self._kappa[c] + self._kappa[2 * c]
                 if demand_s > self.theta_up * merged:

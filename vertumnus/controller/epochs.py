@@ -13,7 +13,13 @@
 Invariant: a worker is ACTIVE (schedulable) only after all its ranks acked the epoch it waits for *and* the
 scheduler and the cache manager know its geometry. Every worker that is not ACTIVE and not DRAINING/PARKED
 is in ``awaiting`` (start-up, switch targets, FAILED workers being restarted). Epoch numbers only grow; each
-plan and each restart takes a fresh one. One plan at a time.
+plan and each restart takes a fresh one.
+
+Concurrency: several plans may be in flight at once when their workers are disjoint (e.g. two splits of two
+different CP8 blocks when demand is far above capacity). Each runs the same drain → park → switch → commit
+sequence independently; a plan's epoch is fixed when it begins, so plans may commit out of epoch order and
+the committed epoch is the maximum acked so far. Target ids are reserved in the lattice when a plan begins, so
+later plans never reuse them.
 
 Failures: a FAILED worker is restarted under a fresh epoch (``data_plane.restart``). A plan *source* that
 fails while draining is restarted and parked again (the plan continues); a plan *target* that fails before
@@ -118,7 +124,7 @@ class EpochManager:
         self.epoch = 0  # committed configuration epoch
         self._last_epoch = 0  # last epoch number handed out
         self.awaiting: dict[int, _Awaiting] = {}
-        self.current: Reconfiguration | None = None
+        self.inflight: list[Reconfiguration] = []  # plans in flight, in begin order (disjoint workers)
         self.records: list[ReconfigRecord] = []
         self._in_cache: set[int] = set()
 
@@ -126,11 +132,28 @@ class EpochManager:
         self._last_epoch += 1
         return self._last_epoch
 
+    @property
+    def current(self) -> Reconfiguration | None:
+        """The oldest plan in flight (None when the pool is not reconfiguring)."""
+        return self.inflight[0] if self.inflight else None
+
+    def busy_workers(self) -> set[int]:
+        """Sources and targets of every plan in flight."""
+        return {g.worker_id for r in self.inflight for g in (*r.plan.sources, *r.plan.targets)}
+
+    def _with_source(self, worker_id: int) -> Reconfiguration | None:
+        return next((r for r in self.inflight if any(s.worker_id == worker_id for s in r.plan.sources)), None)
+
+    def _with_target(self, worker_id: int) -> Reconfiguration | None:
+        return next((r for r in self.inflight if any(t.worker_id == worker_id for t in r.plan.targets)), None)
+
     def group(self, worker_id: int) -> WorkerGroup | None:
         """Geometry of a registered worker (current composition or a pending plan target)."""
         g = self.lattice.groups.get(worker_id)
-        if g is None and self.current is not None:
-            g = next((t for t in self.current.plan.targets if t.worker_id == worker_id), None)
+        if g is None:
+            cur = self._with_target(worker_id)
+            if cur is not None:
+                g = next(t for t in cur.plan.targets if t.worker_id == worker_id)
         return g
 
     # -- start-up -----------------------------------------------------------------------------------------
@@ -149,10 +172,12 @@ class EpochManager:
 
     def begin(self, plan: ReconfigPlan, now: float) -> None:
         """Drain the sources: out of the candidate set, queued jobs re-placed, then park."""
-        assert self.current is None, "one operation at a time"
+        busy = self.busy_workers()
+        assert not any(g.worker_id in busy for g in (*plan.sources, *plan.targets)), "plans must be disjoint"
         assert plan.epoch == self._last_epoch + 1
         self._last_epoch = plan.epoch
-        self.current = Reconfiguration(plan, Phase.DRAIN, now)
+        self.lattice.reserve_ids(max(t.worker_id for t in plan.targets) + 1)
+        self.inflight.append(Reconfiguration(plan, Phase.DRAIN, now))
         ids = [s.worker_id for s in plan.sources]
         for wid in ids:  # all sources leave the candidate set before any job is re-placed
             self.scheduler.set_state(wid, WorkerState.DRAINING)
@@ -164,10 +189,8 @@ class EpochManager:
         self.data_plane.park(ids)
 
     def on_parked(self, worker_id: int, now: float) -> None:
-        cur = self.current
+        cur = self._with_source(worker_id)
         if cur is None or cur.phase != Phase.DRAIN or worker_id in self.awaiting:
-            return
-        if worker_id not in {s.worker_id for s in cur.plan.sources}:
             return
         self.scheduler.set_state(worker_id, WorkerState.PARKED)
         cur.parked.add(worker_id)
@@ -192,13 +215,14 @@ class EpochManager:
         if len(pend.acked) < pend.degree:
             return
         del self.awaiting[worker_id]
-        cur = self.current
-        if cur is not None and any(t.worker_id == worker_id for t in cur.plan.targets):
+        cur = self._with_target(worker_id)
+        if cur is not None:
             cur.target_epochs[worker_id] = epoch
             if cur.phase == Phase.SWITCH and not any(t.worker_id in self.awaiting for t in cur.plan.targets):
-                self._commit(now)
+                self._commit(cur, now)
             return
-        if cur is not None and cur.phase == Phase.DRAIN and any(s.worker_id == worker_id for s in cur.plan.sources):
+        cur = self._with_source(worker_id)
+        if cur is not None and cur.phase == Phase.DRAIN:
             self._ensure_cache(worker_id)
             self.cache.set_available(worker_id, False)
             self.scheduler.set_epoch(worker_id, epoch)
@@ -221,9 +245,7 @@ class EpochManager:
             self.cache.add_worker(worker_id, g.degree, g.node, self.kv_blocks_per_rank * g.degree)
             self._in_cache.add(worker_id)
 
-    def _commit(self, now: float) -> None:
-        cur = self.current
-        assert cur is not None
+    def _commit(self, cur: Reconfiguration, now: float) -> None:
         plan = cur.plan
         # Metadata first (cache manager, scheduler, lattice), schedulable last.
         self.cache.on_reconfigure(plan)
@@ -236,7 +258,7 @@ class EpochManager:
         self.lattice.apply(plan.sources, plan.targets)
         switch_s = now - cur.switch_start_s
         self.records.append(ReconfigRecord(plan, cur.drain_start_s, cur.drain_s, switch_s))
-        self.current = None
+        self.inflight.remove(cur)
         for t in plan.targets:
             e = cur.target_epochs.get(t.worker_id, plan.epoch)
             self.scheduler.set_epoch(t.worker_id, e)
@@ -255,21 +277,18 @@ class EpochManager:
         were switched to the plan's targets."""
         if worker_id not in self.scheduler.table.index or self.scheduler.state(worker_id) == WorkerState.FAILED:
             return False
-        cur = self.current
-        return not (
-            cur is not None and cur.phase == Phase.SWITCH and any(s.worker_id == worker_id for s in cur.plan.sources)
-        )
+        cur = self._with_source(worker_id)
+        return not (cur is not None and cur.phase == Phase.SWITCH)
 
     def fail(self, worker_id: int) -> WorkerGroup | None:
         """Mark a worker FAILED and forget its cache holdings; returns its group, or None if the report is
         stale (see :meth:`can_fail`). The caller re-places its requests and then calls :meth:`restart`."""
         if not self.can_fail(worker_id):
             return None
-        cur = self.current
         g = self.group(worker_id)
         assert g is not None
         self.scheduler.set_state(worker_id, WorkerState.FAILED)
-        if cur is not None:
+        for cur in self.inflight:
             cur.parked.discard(worker_id)
         self.awaiting.pop(worker_id, None)
         if worker_id in self._in_cache:

@@ -132,6 +132,10 @@ class Lattice:
     def next_id(self) -> int:
         return self._next_id
 
+    def reserve_ids(self, upto: int) -> None:
+        """Never hand out ids below ``upto`` again (targets of a plan in flight own them)."""
+        self._next_id = max(self._next_id, upto)
+
     # -- adjacency ----------------------------------------------------------------------------------------
     def split_of(self, worker_id: int, first_id: int | None = None) -> LatticeOp | None:
         """The split of one worker into its two aligned halves, or None if the half degree is not allowed.

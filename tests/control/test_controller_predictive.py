@@ -1,0 +1,142 @@
+"""The predictive controller (``controller.policy: predictive``): the replay model, the forecast, and its
+decisions on small scenarios with exact expected operations, run on the real pool over the sim data plane.
+
+Calibrated H200 profile (configs/profiles/qwen3-30b-a3b-h200.yaml): a 4K-token prefill takes ~0.11 s on CP4
+and ~0.13 s on CP8; a 64K one 1.85 s on CP4 and 1.28 s on CP8. 5-s windows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
+from vertumnus.controller.predictive import ArrivalLog
+from vertumnus.controller.replay import ReplayArrivals, ReplayWorkers, replay_mean_ttft
+from vertumnus.profiling.cost_model import CostModel
+from vertumnus.sim.runner import Simulation
+from vertumnus.sim.workload import TraceRecord, build_requests
+
+COST = CostModel.from_file(REPO_ROOT / DEFAULT_PROFILE)
+
+
+def cfg(nodes: int, **controller: Any) -> Any:
+    return config_from_dict(
+        {
+            "pool": {"nodes": nodes, "gpus_per_node": 8, "degrees": [4, 8], "engine": "sim",
+                     "max_model_len": 131072, "kv_capacity_blocks_per_rank": 1024},
+            "controller": {"policy": "predictive", "window_s": 5.0, "theta_low": 0.3, "theta_up": 0.8,
+                           **controller},
+            "cache": {"replication": False},
+            "slo": {"base_s": 1.0, "per_token_s": 0.00004},
+        }
+    )  # fmt: skip
+
+
+def requests(config: Any, times: list[float], length: int) -> list[Any]:
+    """Requests of ``length`` tokens with unique blocks (no cache hits) arriving at ``times``."""
+    blocks = length // 512
+    recs = [
+        TraceRecord(i + 1, t, length, 1, tuple(range(i * blocks + 1, (i + 1) * blocks + 1)))
+        for i, t in enumerate(times)
+    ]
+    return build_requests(recs, config, origin_s=0.0)
+
+
+def run(config: Any, reqs: list[Any], start: str) -> Any:
+    return Simulation(reqs, config, COST, "vertumnus", start).run()
+
+
+def began(rec: Any) -> float:
+    """When a committed reconfiguration began (records carry the commit instant)."""
+    return float(rec.time_s - rec.drain_s - rec.switch_s)
+
+
+# -- the replay model ---------------------------------------------------------------------------------------
+def test_replay_places_by_j_and_counts_queueing_exactly() -> None:
+    # one CP4 busy for 1 s, one CP4 idle; three 1-s requests at t = 0, 0, 0.5 (same Ê on both)
+    workers = ReplayWorkers({4: [1.0, 0.0]})
+    arrivals = ReplayArrivals(np.array([0.0, 0.0, 0.5]), {4: np.array([1.0, 1.0, 1.0])})
+    # r0 → idle worker (TTFT 1, frees at 1); r1 → either worker, q = 1 (TTFT 2, frees at 2);
+    # r2 at 0.5 → the one freeing at 1: q = 0.5, TTFT 1.5
+    assert replay_mean_ttft(workers, arrivals, beta=1.0, lam=0.0) == pytest.approx((1.0 + 2.0 + 1.5) / 3)
+    # known TTFTs of queued requests count in the mean
+    assert replay_mean_ttft(workers, arrivals, 1.0, 0.0, [3.0]) == pytest.approx((1.0 + 2.0 + 1.5 + 3.0) / 4)
+
+
+def test_replay_occupancy_cost_keeps_short_requests_off_the_large_degree() -> None:
+    # CP4 and CP8 idle; Ê_4 = 1.0, Ê_8 = 0.95: J_8 = 0.95·(1 + λ·1) > 1.0 at λ = 0.1 → CP4 (TTFT 1.0)
+    workers = ReplayWorkers({4: [0.0], 8: [0.0]})
+    arrivals = ReplayArrivals(np.array([0.0]), {4: np.array([1.0]), 8: np.array([0.95])})
+    assert replay_mean_ttft(workers, arrivals, 1.0, 0.1) == pytest.approx(1.0)
+    assert replay_mean_ttft(workers, arrivals, 1.0, 0.0) == pytest.approx(0.95)
+    assert replay_mean_ttft(ReplayWorkers({4: []}), arrivals, 1.0, 0.0) == float("inf")
+
+
+def test_forecast_replays_a_busy_span_as_recorded_and_a_quiet_one_at_its_rate() -> None:
+    log = ArrivalLog(keep_s=10.0, keep_n=4)
+    for k in range(6):
+        log.add(100.0 + 0.5 * k, 1000 + k, 0)  # a burst at 100.0 .. 102.5
+    # busy: ≥ 4 arrivals within the last 10 s → their own offsets from now − 10
+    assert log.forecast(105.0, 10.0, 4) == [(5.0 + 0.5 * k, 1000 + k, 0) for k in range(6)]
+    # quiet: one arrival in the last 10 s → the mix of the last 4 arrivals, one per 10 s
+    log.add(118.0, 2000, 512)
+    assert log.forecast(120.0, 10.0, 4) == [(0.0, 1003, 0), (10.0, 1004, 0), (20.0, 1005, 0), (30.0, 2000, 512)]
+    # idle: none in the span → one per span
+    assert [e[0] for e in log.forecast(200.0, 10.0, 4)] == [0.0, 10.0, 20.0, 30.0]
+
+
+# -- decisions on the real pool (sim data plane) ------------------------------------------------------------
+def test_overload_after_a_merge_splits_at_the_first_window_end() -> None:
+    # 1 node as 1xCP8; 4K-token requests at 12 req/s ≈ 1.5 s of CP8 work per second: the queue grows from
+    # the start. The first window end (5 s) splits worker 0 into 2xCP4 (1 + 2 = workers 1, 2), and nothing
+    # merges back while the load lasts.
+    c = cfg(1)
+    times = [k / 12 for k in range(12 * 20)]
+    res = run(c, requests(c, times, 4096), "1xCP8")
+    assert [(r.kind, r.sources, r.targets) for r in res.reconfigs] == [("split", (0,), (1, 2))]
+    assert began(res.reconfigs[0]) == pytest.approx(5.0)
+    assert res.summary["completed"] == len(times) and res.summary["rejected"] == 0
+
+
+def test_light_long_load_after_a_split_merges_only_after_two_windows() -> None:
+    # 1 node as 2xCP4; one 64K-token request every 4 s: CP8 serves each in 1.28 s instead of 1.85 s and
+    # nothing queues. At 5 s the request of 4 s still runs (to 5.85 s): merging would make the next arrival
+    # wait for it plus the switch, so staying is better. From 10 s on the merge pays; it is made after
+    # merge_persist_windows (2) windows wanting it, at 15 s.
+    c = cfg(1)
+    times = [4.0 * k for k in range(10)]
+    res = run(c, requests(c, times, 65536), "2xCP4")
+    assert [(r.kind, r.sources, r.targets) for r in res.reconfigs] == [("merge", (0, 1), (2,))]
+    assert began(res.reconfigs[0]) == pytest.approx(15.0)
+    assert res.summary["completed"] == len(times)
+
+
+def test_the_same_light_load_keeps_the_split_while_merges_must_persist_longer() -> None:
+    c = cfg(1, merge_persist_windows=100)
+    times = [4.0 * k for k in range(10)]
+    res = run(c, requests(c, times, 65536), "2xCP4")
+    assert res.reconfigs == []
+
+
+def test_a_burst_far_above_capacity_splits_two_blocks_at_once() -> None:
+    # 2 nodes as 2xCP8; 4K-token requests at 30 req/s ≈ 3.9 s of CP8 work per second (two CP8 serve ~15
+    # req/s): one decision at 5 s starts both splits together; they run concurrently under the epoch
+    # protocol (two plans in flight) and every request completes.
+    c = cfg(2)
+    times = [k / 30 for k in range(30 * 15)]
+    res = run(c, requests(c, times, 4096), "2xCP8")
+    got = [(r.kind, r.sources, r.targets) for r in res.reconfigs]
+    assert sorted(got) == [("split", (0,), (2, 3)), ("split", (1,), (4, 5))]
+    assert [began(r) for r in res.reconfigs] == pytest.approx([5.0, 5.0])
+    assert res.summary["completed"] == len(times) and res.summary["rejected"] == 0
+
+
+def test_one_operation_per_decision_when_concurrency_is_one() -> None:
+    c = cfg(2, max_concurrent_ops=1)
+    times = [k / 30 for k in range(30 * 15)]
+    res = run(c, requests(c, times, 4096), "2xCP8")
+    assert [(r.kind, r.sources) for r in res.reconfigs] == [("split", (0,)), ("split", (1,))]
+    assert began(res.reconfigs[1]) == pytest.approx(10.0)  # the next window end, not the same one

@@ -1,0 +1,248 @@
+"""The predictive (model-predictive) split / merge decision (``controller.policy: predictive``).
+
+At a window end, instead of comparing ρ = D/K with thresholds, the controller asks the replay model
+(:mod:`vertumnus.controller.replay`) which composition serves the *recent* arrivals best from the pool's
+*current* queues, transition included, and moves there:
+
+    forecast  the arrivals of the last ``lookback_windows`` windows, each with the prefix it found, re-based
+              so the replay starts at the decision instant; a quiet pool replays the mix of the last
+              ``min_forecast_requests`` arrivals at the span's (low) rate (:meth:`ArrivalLog.forecast`)
+    state     every ACTIVE worker's q_w (its queue runs dry at q_w), its running prefill's remaining time and
+              its queued requests
+    moves     stay; per (kind, source degree) the best 1..``max_concurrent_ops`` disjoint operations
+              (smallest drain first, as the rule controller orders them)
+    a move    sources leave now; their queued requests are re-placed at instant 0 (as the drain step does);
+              targets start after the sources' running prefills finish + the switch time
+    objective mean predicted TTFT of the forecast arrivals and of every queued request (from now on)
+
+Asymmetric caution: a split is taken when it cuts the objective by ``split_margin`` for
+``split_persist_windows`` windows (default 1: react at once); a merge needs ``merge_margin``, must also win
+with the forecast compressed ``merge_stress`` × (it must not give capacity away that a modest rise in load
+would need back), and must be wanted for ``merge_persist_windows`` windows. When both directions win, the
+split does. Several splits at once are a single candidate, so a burst far above capacity is answered by one
+decision that starts them together on different blocks (the epoch protocol runs them concurrently).
+
+Capacity of a composition is therefore not Σ κ of isolated workers: the replay pools the workers behind the
+cache-aware rule, queues included, which is what over- and under-load actually look like to requests.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vertumnus.controller.lattice import Lattice, LatticeOp
+from vertumnus.controller.replay import ReplayArrivals, ReplayWorkers, replay_mean_ttft
+from vertumnus.profiling.cost_model import CostModel
+from vertumnus.scheduler.scheduler import Scheduler
+from vertumnus.types import ReconfigKind, WorkerState
+
+
+@dataclass(slots=True)
+class ArrivalLog:
+    """First placements of recent requests: arrival instant, input length, prefix found (tokens)."""
+
+    keep_s: float
+    keep_n: int
+    entries: deque[tuple[float, int, int]] = field(default_factory=deque)
+
+    def add(self, t: float, input_len: int, cached: int) -> None:
+        self.entries.append((t, input_len, cached))
+        # Entries older than keep_s go, except the keep_n most recent (a quiet pool still has a forecast).
+        while len(self.entries) > self.keep_n and self.entries[0][0] < t - self.keep_s:
+            self.entries.popleft()
+
+    def forecast(self, now: float, span_s: float, min_n: int) -> list[tuple[float, int, int]]:
+        """The arrivals to replay, as (offset from the decision instant, input length, prefix tokens).
+
+        Busy pool (≥ ``min_n`` arrivals in the last ``span_s``): those arrivals at their own offsets within the
+        span, burstiness included. Quiet pool: the request *mix* of the ``min_n`` most recent arrivals at the
+        *rate* of the span (evenly spaced, one per ``span_s / n`` seconds; one per span when none arrived), so
+        that a quiet spell is forecast as quiet, not as the burst that preceded it.
+        """
+        ordered = sorted(self.entries)  # re-placed backlog can be logged after later arrivals
+        start = now - span_s
+        in_span = [e for e in ordered if e[0] >= start]
+        if len(in_span) >= min_n:
+            return [(t - start, n, p) for t, n, p in in_span]
+        mix = ordered[-min_n:]
+        gap = span_s / max(len(in_span), 1)
+        return [(k * gap, n, p) for k, (_, n, p) in enumerate(mix)]
+
+
+@dataclass(slots=True)
+class WorkerNow:
+    """One ACTIVE worker at the decision instant."""
+
+    worker_id: int
+    degree: int
+    queue_s: float  # q_w(now)
+    running_left_s: float  # remaining predicted time of its running prefill (0 when idle)
+    queued: list[tuple[int, int]]  # (input length, prefix tokens) of its queued requests, FCFS
+
+
+@dataclass(slots=True)
+class Move:
+    """A candidate: 0 (stay), 1 or several operations of one kind on disjoint workers."""
+
+    ops: tuple[LatticeOp, ...]
+    objective: float = 0.0
+    stressed: float | None = None
+
+    @property
+    def kind(self) -> ReconfigKind | None:
+        return self.ops[0].kind if self.ops else None
+
+    def describe(self) -> str:
+        if not self.ops:
+            return "stay"
+        parts = [f"{o.kind.name.lower()} {'+'.join(str(s.worker_id) for s in o.sources)}" for o in self.ops]
+        return ", ".join(parts)
+
+
+@dataclass(slots=True)
+class Decision:
+    """What one predictive window end found."""
+
+    stay: Move
+    best_split: Move | None
+    best_merge: Move | None
+    want: ReconfigKind | None
+    reason: str
+    evaluated: int
+
+
+def worker_states(scheduler: Scheduler, lattice: Lattice, now: float) -> list[WorkerNow]:
+    """Every ACTIVE worker of the current composition with its queue (from the scheduler's tickets)."""
+    out: list[WorkerNow] = []
+    for wid in sorted(lattice.groups):
+        if wid not in scheduler.table.index or scheduler.state(wid) != WorkerState.ACTIVE:
+            continue
+        running_left = 0.0
+        queued: list[tuple[int, int]] = []
+        for t in scheduler.tickets_at(wid):
+            if t.running:
+                running_left = max(running_left, t.started_s + t.placement.predicted_s - now)
+            else:
+                queued.append((t.request.input_len, t.placement.cached_tokens))
+        out.append(WorkerNow(wid, lattice.groups[wid].degree, scheduler.queue_s(wid, now), running_left, queued))
+    return out
+
+
+class PredictiveModel:
+    """Builds candidate moves and scores them with the replay; the :class:`Controller` acts on its decision."""
+
+    def __init__(
+        self,
+        cost: CostModel,
+        degrees: Sequence[int],
+        beta: float,
+        lam: float,
+        switch_s: float,
+        max_ops: int,
+        split_margin: float,
+        merge_margin: float,
+        merge_stress: float,
+    ) -> None:
+        self.cost = cost
+        self.degrees = tuple(sorted(degrees))
+        self.beta = beta
+        self.lam = lam
+        self.switch_s = switch_s
+        self.max_ops = max_ops
+        self.split_margin = split_margin
+        self.merge_margin = merge_margin
+        self.merge_stress = merge_stress
+
+    def _est(self, lengths: np.ndarray, prefixes: np.ndarray) -> dict[int, np.ndarray]:
+        p = np.minimum(prefixes, np.maximum(lengths - 1, 0)).astype(np.float64)
+        r = lengths.astype(np.float64) - p
+        return {c: self.cost.predict_degree(c, r, p) for c in self.degrees}
+
+    def arrivals(self, picked: Sequence[tuple[float, int, int]]) -> ReplayArrivals:
+        """The forecast (offsets from the decision instant) with Ê per degree."""
+        t = np.array([e[0] for e in picked], dtype=np.float64)
+        lengths = np.array([e[1] for e in picked], dtype=np.int64)
+        prefixes = np.array([e[2] for e in picked], dtype=np.int64)
+        return ReplayArrivals(t, self._est(lengths, prefixes))
+
+    def moves(self, ops_by_kind: dict[ReconfigKind, list[LatticeOp]]) -> list[Move]:
+        """Stay, plus per (kind, source degree) the best 1..max_ops operations (in the given order)."""
+        out = [Move(())]
+        for ops in ops_by_kind.values():
+            by_degree: dict[int, list[LatticeOp]] = {}
+            for op in ops:
+                by_degree.setdefault(op.sources[0].degree, []).append(op)
+            for group in by_degree.values():
+                for k in range(1, min(self.max_ops, len(group)) + 1):
+                    out.append(Move(tuple(group[:k])))
+        return out
+
+    def score(self, move: Move, workers: Sequence[WorkerNow], arrivals: ReplayArrivals) -> float:
+        """Mean predicted TTFT (from now) of the forecast and of every queued request under ``move``."""
+        sources = {s.worker_id for op in move.ops for s in op.sources}
+        free: dict[int, list[float]] = {c: [] for c in self.degrees}
+        known: list[float] = []  # queued requests that stay where they are: completion offsets
+        moved: list[tuple[int, int]] = []
+        by_id = {w.worker_id: w for w in workers}
+        for w in workers:
+            if w.worker_id in sources:
+                moved.extend(w.queued)
+                continue
+            free[w.degree].append(w.queue_s)
+            if w.queued:
+                l_arr = np.array([x[0] for x in w.queued], dtype=np.int64)
+                p_arr = np.array([x[1] for x in w.queued], dtype=np.int64)
+                own = self._est(l_arr, p_arr)[w.degree]
+                known.extend((w.running_left_s + np.cumsum(own)).tolist())
+        for op in move.ops:
+            ready = max(by_id[s.worker_id].running_left_s for s in op.sources) + self.switch_s
+            for t in op.targets:
+                free[t.degree].append(ready)
+        replay = arrivals
+        if moved:  # re-placed at the drain instant, ahead of the forecast
+            l_arr = np.array([x[0] for x in moved], dtype=np.int64)
+            p_arr = np.array([x[1] for x in moved], dtype=np.int64)
+            moved_est = self._est(l_arr, p_arr)
+            replay = ReplayArrivals(
+                np.concatenate([np.zeros(len(moved)), arrivals.t]),
+                {c: np.concatenate([moved_est[c], arrivals.est[c]]) for c in self.degrees},
+            )
+        return replay_mean_ttft(ReplayWorkers(free), replay, self.beta, self.lam, known)
+
+    def decide(
+        self,
+        workers: Sequence[WorkerNow],
+        arrivals: ReplayArrivals,
+        ops_by_kind: dict[ReconfigKind, list[LatticeOp]],
+    ) -> Decision:
+        """Score every move and say which direction (if any) pays, with the module docstring's margins."""
+        moves = self.moves(ops_by_kind)
+        for m in moves:
+            m.objective = self.score(m, workers, arrivals)
+        stay = moves[0]
+        splits = [m for m in moves if m.kind == ReconfigKind.SPLIT]
+        merges = [m for m in moves if m.kind == ReconfigKind.MERGE]
+        best_split = min(splits, key=lambda m: m.objective) if splits else None
+        best_merge = min(merges, key=lambda m: m.objective) if merges else None
+        if len(arrivals) == 0 and not any(w.queued or w.queue_s > 0 for w in workers):
+            return Decision(stay, best_split, best_merge, None, "no arrivals to forecast", len(moves))
+        if best_split is not None and best_split.objective < (1.0 - self.split_margin) * stay.objective:
+            why = f"{best_split.describe()}: predicted {best_split.objective:.3f} s vs stay {stay.objective:.3f} s"
+            return Decision(stay, best_split, best_merge, ReconfigKind.SPLIT, why, len(moves))
+        if best_merge is not None and best_merge.objective < (1.0 - self.merge_margin) * stay.objective:
+            stressed = arrivals.compressed(self.merge_stress)
+            best_merge.stressed = self.score(best_merge, workers, stressed)
+            stay.stressed = self.score(stay, workers, stressed)
+            if best_merge.stressed <= stay.stressed:
+                why = (
+                    f"{best_merge.describe()}: predicted {best_merge.objective:.3f} s vs stay {stay.objective:.3f} s"
+                    f" (×{self.merge_stress} load: {best_merge.stressed:.3f} vs {stay.stressed:.3f})"
+                )
+                return Decision(stay, best_split, best_merge, ReconfigKind.MERGE, why, len(moves))
+            why = f"merge would lose at ×{self.merge_stress} load ({best_merge.stressed:.3f} vs {stay.stressed:.3f})"
+            return Decision(stay, best_split, best_merge, None, why, len(moves))
+        return Decision(stay, best_split, best_merge, None, f"stay is best ({stay.objective:.3f} s)", len(moves))
