@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from vertumnus.cache import reconfigure
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import CacheConfig
 from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
@@ -123,4 +124,110 @@ def test_malformed_plans_are_rejected_without_changes() -> None:
         m.reconcile_traffic(unknown)
     assert m.worker_ids == [10]
     assert m.match(P).held_blocks == {10: 10}
+    m.check_invariants()
+
+
+# -- ownership across merge → split (blocks stay on the ranks that computed them) ------------------------------
+A, B, C = (1, 2, 3, 4), (11, 12, 13, 14), (21, 22, 23, 24)
+L2, U2, M4 = WorkerGroup(1, 0, 0, 2), WorkerGroup(2, 0, 2, 2), WorkerGroup(3, 0, 0, 4)
+L2b, U2b = WorkerGroup(4, 0, 0, 2), WorkerGroup(5, 0, 2, 2)
+
+
+def _ranks(m: CacheManager, wid: int) -> dict[int, int]:
+    """key -> rank inside the worker, for every block the manager believes it physically has."""
+    return reconfigure.block_layout(m.trie, m.workers.by_id[wid])
+
+
+def _merged_after_cp2_cp2() -> CacheManager:
+    """A computed on the lower CP2, C on the upper CP2, merge to CP4, B computed there; then C reused 3×, A 2×,
+    B 1× on the CP4 (the demand that orders the split's assignment: C → lower child, A and B → upper)."""
+    prof = CostProfile(degrees={c: DegreeProfile(d=0.1, a=0.001, b=0.0, c=0.004, alpha=0.0) for c in (2, 4)})
+    m = CacheManager(CacheConfig(block_tokens=10), CostModel(prof), [2, 4])
+    m.add_worker(1, 2, 0, 40)
+    m.add_worker(2, 2, 0, 40)
+    m.apply_report(CacheReport(1, CacheReportKind.STORED, A))
+    m.apply_report(CacheReport(2, CacheReportKind.STORED, C))
+    merge = ReconfigPlan(ReconfigKind.MERGE, (L2, U2), (M4,), epoch=2)
+    assert m.reconcile_traffic(merge) == 0.0
+    m.on_reconfigure(merge)
+    m.apply_report(CacheReport(3, CacheReportKind.STORED, B))
+    for keys, n in ((C, 3), (A, 2), (B, 1)):
+        for _ in range(n):
+            m.record_placement(keys, m.match(keys), 45, 3, 4)
+    return m
+
+
+def test_a_merge_keeps_blocks_on_the_ranks_that_computed_them() -> None:
+    m = _merged_after_cp2_cp2()
+    #            r0        r1        r2        r3
+    #  A (L2)    A0 A2     A1 A3                          displaced: canonical would be A2→r2, A3→r3
+    #  C (U2)                        C0 C2     C1 C3      displaced: C0→r0, C1→r1
+    #  B (M4)    B0        B1        B2        B3
+    assert _ranks(m, 3) == {1: 0, 2: 1, 3: 0, 4: 1, 21: 2, 22: 3, 23: 2, 24: 3, 11: 0, 12: 1, 13: 2, 14: 3}
+    assert m.workers.by_id[3].displaced == {m.trie.index[k]: r for k, r in ((3, 0), (4, 1), (21, 2), (22, 3))}
+    for keys in (A, B, C):
+        assert m.match(keys) == PrefixMatch(4, {3: 4}, {3: 4})
+    m.check_invariants()
+
+
+def test_split_after_merge_gives_each_child_the_blocks_it_physically_has() -> None:
+    m = _merged_after_cp2_cp2()
+    split = ReconfigPlan(ReconfigKind.SPLIT, (M4,), (L2b, U2b), epoch=3)
+    # missing at the new owners, weighted by access: C (3 per block) at the lower child, A (2) and B0, B1 (1)
+    # at the upper child
+    assert m.reconcile_traffic(split) == 4 * 3.0 + 4 * 2.0 + 2 * 1.0
+    m.on_reconfigure(split)
+    # The lower child has all of A (computed there before the merge) and B's first stripe; the upper child all
+    # of C and B's second stripe. C is assigned to the lower child, A and B to the upper one.
+    assert _ranks(m, 4) == {1: 0, 2: 1, 3: 0, 4: 1, 11: 0, 12: 1}
+    assert _ranks(m, 5) == {21: 0, 22: 1, 23: 0, 24: 1, 13: 0, 14: 1}
+    assert m.workers.by_id[4].displaced == {} and m.workers.by_id[5].displaced == {}
+    assert m.match(A) == PrefixMatch(4, {4: 4}, {4: 4, 5: 4})
+    assert m.match(C) == PrefixMatch(4, {5: 4}, {4: 4, 5: 4})
+    assert m.match(B) == PrefixMatch(4, {4: 2}, {4: 2, 5: 4})
+    assert m.cached_blocks(4) == m.cached_blocks(5) == 6
+    # reconciliation copies exactly what each child lacks, from the sibling that physically has it
+    ops = [m.plan_reconcile(k, w, m.match(k)) for k, w in ((C, 4), (A, 5), (B, 5))]
+    assert [(o.dst_worker, o.src_worker, o.keys, o.first_missing) for o in ops if o] == [
+        (4, 5, C, 0),
+        (5, 4, A, 0),
+        (5, 4, B, 0),
+    ]
+    assert m.stats()["reconcile_blocks"] == 4 + 4 + 2
+    assert m.plan_reconcile(A, 4, m.match(A)) is None  # valid at the lower child: nothing to copy
+    m.check_invariants()
+
+
+def test_repeated_merge_and_split_return_to_canonical_halves() -> None:
+    m = _merged_after_cp2_cp2()
+    m.on_reconfigure(ReconfigPlan(ReconfigKind.SPLIT, (M4,), (L2b, U2b), epoch=3))
+    for keys, w in ((C, 4), (A, 5), (B, 5)):
+        op = m.plan_reconcile(keys, w, m.match(keys))
+        assert op is not None
+        # the engine imports the blocks it lacked on their canonical ranks and confirms the whole missing part
+        m.apply_report(CacheReport(w, CacheReportKind.STORED, keys, None, op.op_id))
+    assert _ranks(m, 4) == {1: 0, 2: 1, 3: 0, 4: 1, 11: 0, 12: 1, 21: 0, 22: 1, 23: 0, 24: 1}
+    assert _ranks(m, 5) == {21: 0, 22: 1, 23: 0, 24: 1, 13: 0, 14: 1, 1: 0, 2: 1, 3: 0, 4: 1, 11: 0, 12: 1}
+    # merge again: every key both children hold keeps its copy on the canonical CP4 rank (depth mod 4)
+    m4 = WorkerGroup(6, 0, 0, 4)
+    m.on_reconfigure(ReconfigPlan(ReconfigKind.MERGE, (L2b, U2b), (m4,), epoch=4))
+    assert _ranks(m, 6) == {k: i for keys in (A, B, C) for i, k in enumerate(keys)}
+    assert m.workers.by_id[6].displaced == {}
+    # and split again: the classic halves, each prefix pending at its assigned child
+    m.on_reconfigure(ReconfigPlan(ReconfigKind.SPLIT, (m4,), (WorkerGroup(7, 0, 0, 2), WorkerGroup(8, 0, 2, 2)), 5))
+    assert _ranks(m, 7) == {k: i for keys in (A, B, C) for i, k in enumerate(keys[:2])}
+    assert _ranks(m, 8) == {k: i for keys in (A, B, C) for i, k in enumerate(keys[2:])}
+    for keys in (A, B, C):
+        assert m.match(keys).held_blocks == {7: 2}
+    m.check_invariants()
+
+
+def test_losing_a_displaced_block_forgets_its_rank() -> None:
+    m = _merged_after_cp2_cp2()
+    m.apply_report(CacheReport(3, CacheReportKind.REMOVED, (A[2],)))  # A2 and A3 go (a prefix loses its tail)
+    assert set(m.workers.by_id[3].displaced) == {m.trie.index[21], m.trie.index[22]}
+    m.apply_report(CacheReport(3, CacheReportKind.STORED, A[2:], A[1]))  # recomputed by the CP4: canonical
+    assert {k: r for k, r in _ranks(m, 3).items() if k in A} == {1: 0, 2: 1, 3: 2, 4: 3}
+    m.apply_report(CacheReport(3, CacheReportKind.CLEARED))
+    assert m.workers.by_id[3].displaced == {} and _ranks(m, 3) == {}
     m.check_invariants()

@@ -46,15 +46,28 @@ def test_remove_takes_descendants() -> None:
 
 
 def test_split_by_rank_of_block_depth_and_merge_keeps_all() -> None:
-    c = BlockCache(8)
+    c = BlockCache(8, degree=4)
     c.store([10, 11, 12, 13, 14], tick=1)  # depths 0..4 on parent ranks 0,1,2,3,0 of a degree-4 worker
-    lo, hi, ev_lo, ev_hi = c.split(4, (4, 4))
+    lo, hi, ev_lo, ev_hi = c.split((4, 4))
     assert sorted(lo.keys()) == [10, 11, 14]  # parent ranks 0, 1
     assert sorted(hi.keys()) == [12, 13]  # parent ranks 2, 3
     assert ev_lo == ev_hi == []
     assert lo.leading([10, 11, 12, 13, 14]) == 2  # block 12 is missing: the rest is pending
-    merged, ev = BlockCache.merge([lo, hi], 8)
+    merged, ev = BlockCache.merge([(0, lo), (2, hi)], 8, 4)
     assert ev == [] and merged.leading([10, 11, 12, 13, 14]) == 5
     # a tight child capacity evicts LRU blocks (deepest first)
-    lo2, _, ev2, _ = c.split(4, (2, 4))
+    lo2, _, ev2, _ = c.split((2, 4))
     assert ev2 == [14] and sorted(lo2.keys()) == [10, 11]
+
+
+def test_merge_keeps_each_block_on_its_rank_and_split_returns_it_whole() -> None:
+    lo, hi = BlockCache(8, degree=2), BlockCache(8, degree=2)
+    lo.store([1, 2, 3, 4], tick=1)  # ranks 0 1 0 1
+    hi.store([1, 2, 5], tick=2)  # ranks 0 1 0 -> 2 3 2 in the merged worker
+    merged, ev = BlockCache.merge([(0, lo), (2, hi)], 16, 4)
+    # 1 and 2 are held twice: the copies on their canonical CP4 ranks (0, 1) survive; 3, 4 stay on ranks 0, 1
+    assert ev == [] and merged.layout() == {1: 0, 2: 1, 3: 0, 4: 1, 5: 2}
+    merged.store([1, 2, 3, 4, 6], tick=3)  # a new block at depth 4 goes to its canonical rank 0
+    a, b, _, _ = merged.split((8, 8))
+    assert a.layout() == {1: 0, 2: 1, 3: 0, 4: 1, 6: 0} and b.layout() == {5: 0}
+    assert a.leading([1, 2, 3, 4, 6]) == 5  # the lower child has the whole prefix it computed

@@ -34,6 +34,13 @@ def check(trie: Trie, workers: WorkerTable) -> None:
         assert int(has.sum()) == w.n_valid, f"worker {w.worker_id}: n_valid drifted"
         assert int(((p[:, w.word] & w.bit) != 0).sum()) == w.n_pending, f"worker {w.worker_id}: n_pending"
         assert int(((s[:, w.word] & w.bit) != 0).sum()) == w.n_present, f"worker {w.worker_id}: n_present"
+        if w.displaced:  # ranks kept only for physical blocks, and only off the canonical rank
+            d_rows = np.fromiter(w.displaced.keys(), np.int64, len(w.displaced))
+            d_rank = np.fromiter(w.displaced.values(), np.int64, len(w.displaced))
+            phys = (trie.holders[d_rows, w.word] | trie.present[d_rows, w.word]) & w.bit
+            assert (phys != 0).all(), f"worker {w.worker_id}: rank kept for a block it does not have"
+            canon = (trie.depth[d_rows].astype(np.int64) - 1) % w.degree
+            assert ((d_rank >= 0) & (d_rank < w.degree) & (d_rank != canon)).all(), f"worker {w.worker_id}: rank"
     assert (rc == trie.rc[:, rows].T).all(), "replica counts drifted"
     live_stats = rows[(trie.access[:, rows] != 0).any(axis=0) | (trie.missed[:, rows] != 0).any(axis=0)]
     assert trie.active.flag[live_stats].all(), "a row with statistics is missing from the active set"

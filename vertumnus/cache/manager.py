@@ -292,6 +292,7 @@ class CacheManager:
             marks.make_valid(self.trie, w, lay.valid)
             marks.make_pending(self.trie, w, lay.pending)
             marks.make_present(self.trie, w, lay.present)
+            w.displaced.update(lay.displaced)  # after the marks: its rows are physical at w now
             self.counters["pending_blocks_created"] += int(lay.pending.size)
         self.trie.try_free(freed)
         self.counters["reconfigurations"] += 1

@@ -102,6 +102,9 @@ def drop(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> None:
     r = _rows(rows)
     if r.size == 0:
         return
+    if w.displaced:  # the block leaves the worker: a later copy of it is stored on its canonical rank
+        for row in r.tolist():
+            w.displaced.pop(row, None)
     if w.n_valid:
         held = _with_bit(trie.hold_col, r, w)
         if held.size:

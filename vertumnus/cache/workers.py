@@ -30,6 +30,10 @@ class WorkerInfo:
     n_pending: int = 0  # nodes in pending
     n_present: int = 0  # nodes in present (physical, not valid)
     reserved: int = 0  # blocks of outstanding copies into this worker
+    # Rank inside the worker of each physical block (row) not on its canonical rank (depth−1) mod degree —
+    # blocks a merge kept where a smaller worker had computed them (see :mod:`.reconfigure`). Keys ⊆ the rows
+    # where the worker has a holders / present mark (:func:`.marks.drop` forgets a row's rank with the block).
+    displaced: dict[int, int] = field(default_factory=dict)
     # Prefixes in use (queued / running requests): (last key, length) -> [[keys, count], ...], the prefix being
     # keys[:length]. Chained keys make (last key, length) identify a prefix without hashing all its keys; a
     # bucket still tells different prefixes apart by comparing them, so any key sequence is handled exactly.

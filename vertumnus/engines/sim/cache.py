@@ -1,7 +1,11 @@
 """A simulated worker's physical KV cache: blocks with LRU eviction, like an engine's prefix cache.
 
 Entries are manager-size blocks (``cache.block_tokens`` tokens) keyed by chained block keys; each entry knows
-its depth b in the prefix (block b of a prefix lives on rank ``b mod C`` of a degree-C worker) and its parent key.
+its depth b in the prefix, its parent key and the rank of the worker it lives on. Ownership follows the torch
+engine (:mod:`vertumnus.cache.reconfigure` has the sketch): a stored block goes to rank ``b mod C``; a merge
+keeps every block on its rank (of a key both sources hold, the copy on the canonical rank of the merged worker
+wins, else the lowest rank); a split gives each child the blocks on its ranks. The cache manager predicts the
+same layout, so a split child holds exactly what the trie says.
 
 Recency invariant (as vLLM's free-block queue): whenever a chain of blocks is used, it is touched from the last
 block to the first, so a block is never less recently used than any of its descendants. LRU eviction therefore
@@ -21,17 +25,22 @@ class _Entry:
     depth: int  # block index in its prefix (0 = first block)
     parent: int | None  # key of block depth-1, None at depth 0
     tick: int  # last use (monotone counter shared by a data plane); orders LRU across merged caches
+    rank: int  # rank inside the worker that stores it
 
 
 class BlockCache:
-    """LRU set of blocks with a capacity in blocks; every mutator returns what it evicted / removed."""
+    """LRU set of blocks of a degree-``degree`` worker with a capacity in blocks; every mutator returns what it
+    evicted / removed."""
 
-    __slots__ = ("_children", "_entries", "capacity")
+    __slots__ = ("_children", "_entries", "capacity", "degree")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, degree: int = 1) -> None:
         if capacity < 1:
             raise ValueError(f"cache capacity must be ≥ 1 block, got {capacity}")
+        if degree < 1:
+            raise ValueError(f"cache degree must be ≥ 1, got {degree}")
         self.capacity = capacity
+        self.degree = degree
         # Invariant: iteration order = LRU order (front = least recently used); len ≤ capacity.
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         # Invariant: _children[p] = held keys whose parent key is p (p itself need not be held).
@@ -69,6 +78,10 @@ class BlockCache:
     def keys(self) -> list[int]:
         """Held keys, least recently used first."""
         return list(self._entries)
+
+    def layout(self) -> dict[int, int]:
+        """Held key -> rank inside the worker that stores it."""
+        return {k: e.rank for k, e in self._entries.items()}
 
     def leading(self, keys: Sequence[int], limit: int | None = None) -> int:
         """Number of leading blocks of ``keys`` held (at most ``limit``)."""
@@ -118,7 +131,7 @@ class BlockCache:
             for i in range(n - 1, first_new - 1, -1):  # insert last block first: ancestors end up more recent
                 k = chain[i]
                 if k not in entries:
-                    self._add(k, _Entry(i, chain[i - 1] if i else None, tick))
+                    self._add(k, _Entry(i, chain[i - 1] if i else None, tick, i % self.degree))
         self.touch(chain, tick)
         return first_new, evicted
 
@@ -151,31 +164,42 @@ class BlockCache:
         self._children.clear()
         return out
 
-    def split(self, degree: int, capacities: tuple[int, int]) -> tuple[BlockCache, BlockCache, list[int], list[int]]:
-        """Split a degree-``degree`` worker's cache between its lower and upper rank halves.
-
-        Block b lives on parent rank ``b mod degree``; the lower child keeps ranks [0, degree/2). Each child evicts
-        LRU blocks beyond its capacity; returns (lower, upper, evicted_lower, evicted_upper).
-        """
-        half = degree // 2
-        lo, hi = BlockCache(capacities[0]), BlockCache(capacities[1])
-        for k, e in self._entries.items():  # LRU order preserved in both children
-            (lo if e.depth % degree < half else hi)._add(k, _Entry(e.depth, e.parent, e.tick))
+    def split(self, capacities: tuple[int, int]) -> tuple[BlockCache, BlockCache, list[int], list[int]]:
+        """Split the worker's cache between its lower and upper rank halves: each child keeps the blocks on its
+        ranks (renumbered from 0), in LRU order, and evicts LRU blocks beyond its capacity. Returns (lower,
+        upper, evicted_lower, evicted_upper)."""
+        assert self.degree % 2 == 0, f"cannot split a degree-{self.degree} cache"
+        half = self.degree // 2
+        lo, hi = BlockCache(capacities[0], half), BlockCache(capacities[1], half)
+        for k, e in self._entries.items():
+            if e.rank < half:
+                lo._add(k, _Entry(e.depth, e.parent, e.tick, e.rank))
+            else:
+                hi._add(k, _Entry(e.depth, e.parent, e.tick, e.rank - half))
         return lo, hi, lo._shrink(), hi._shrink()
 
     @staticmethod
-    def merge(parts: Sequence[BlockCache], capacity: int) -> tuple[BlockCache, list[int]]:
-        """Union of sibling caches (a merge keeps all blocks), LRU order by last-use tick; evicts beyond capacity."""
+    def merge(parts: Sequence[tuple[int, BlockCache]], capacity: int, degree: int) -> tuple[BlockCache, list[int]]:
+        """Union of sibling caches, each given with its first rank inside the merged degree-``degree`` worker.
+
+        Blocks stay on their ranks (no copying). A key several parts hold keeps one copy: the one on its
+        canonical rank ``depth mod degree`` if any, else the one on the lowest rank; it counts as used at its
+        latest use. LRU order by last-use tick; evicts beyond capacity.
+        """
         best: dict[int, _Entry] = {}
-        for part in parts:
+        for offset, part in parts:
             for k, e in part._entries.items():
+                new = _Entry(e.depth, e.parent, e.tick, e.rank + offset)
                 cur = best.get(k)
-                if cur is None or e.tick > cur.tick:
-                    best[k] = e
-        out = BlockCache(capacity)
+                if cur is not None:  # keep the copy on the canonical rank, else the lower rank
+                    better = (new.rank == new.depth % degree, -new.rank) > (cur.rank == cur.depth % degree, -cur.rank)
+                    new.tick = cur.tick = max(cur.tick, new.tick)
+                    new = new if better else cur
+                best[k] = new
+        out = BlockCache(capacity, degree)
         # Sort by tick, deeper blocks first on equal ticks (recency invariant: ancestors never older).
         for k, e in sorted(best.items(), key=lambda kv: (kv[1].tick, -kv[1].depth)):
-            out._add(k, _Entry(e.depth, e.parent, e.tick))
+            out._add(k, e)
         return out, out._shrink()
 
     def _shrink(self) -> list[int]:

@@ -62,7 +62,7 @@ class SimDataPlane:
 
     def _new_worker(self, group: WorkerGroup, epoch: int, cache: BlockCache | None = None) -> SimWorker:
         if cache is None:
-            cache = BlockCache(self.per_rank_blocks * group.degree)
+            cache = BlockCache(self.per_rank_blocks * group.degree, group.degree)
         w = SimWorker(group, cache, epoch)
         self.workers[group.worker_id] = w
         return w
@@ -177,11 +177,12 @@ class SimDataPlane:
             (src,) = srcs
             lo_g, hi_g = sorted(plan.targets, key=lambda g: (g.node, g.first_rank))
             cap = (self.per_rank_blocks * lo_g.degree, self.per_rank_blocks * hi_g.degree)
-            lo, hi, ev_lo, ev_hi = src.cache.split(src.group.degree, cap)
+            lo, hi, ev_lo, ev_hi = src.cache.split(cap)
             parts = [(lo_g, lo, ev_lo), (hi_g, hi, ev_hi)]
         else:
             (tgt,) = plan.targets
-            merged, ev = BlockCache.merge([s.cache for s in srcs], self.per_rank_blocks * tgt.degree)
+            offsets = [(s.group.first_rank - tgt.first_rank, s.cache) for s in srcs]
+            merged, ev = BlockCache.merge(offsets, self.per_rank_blocks * tgt.degree, tgt.degree)
             parts = [(tgt, merged, ev)]
         for g, cache, _ in parts:
             self._new_worker(g, plan.epoch, cache)
