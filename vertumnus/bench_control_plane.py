@@ -218,3 +218,69 @@ def measure_replay(
         len(pool.epochs.records), ops[0],
         start_comp, format_composition(pool.lattice.composition()),
     )  # fmt: skip
+
+
+@dataclass(slots=True)
+class DecisionFigures:
+    workers: int
+    forecast_requests: int
+    queued_requests: int
+    rules_ms_p50: float
+    rules_ms_max: float
+    predictive_ms_p50: float
+    predictive_ms_max: float
+    predictive_moves: int  # candidate moves scored per window
+
+
+def _decision_times(
+    cost: CostModel, policy: str, comp: str, nodes: int, rate_rps: float, windows: int
+) -> tuple[list[float], PrefillPool]:
+    cfg = _bench_config(nodes, comp, controller=True)
+    cc = cfg.controller
+    cc.policy = policy  # type: ignore[assignment]
+    cc.persist_windows = cc.split_persist_windows = cc.merge_persist_windows = 10**9
+    plane = _NullPlane()
+    clock = [0.0]
+    pool = PrefillPool(cfg, cost, plane, lambda: clock[0])  # type: ignore[arg-type]
+    pool.start()
+    for g in plane.groups:
+        for r in g.ranks:
+            pool.epoch_ack(g.worker_id, r, 1, 0.0)
+    rng = random.Random(1)
+    span = cc.lookback_windows * cc.window_s
+    n = int(rate_rps * span)
+    t0 = 1000.0
+    for k in range(n):  # arrivals over the forecast span; all stay queued (the null plane never runs them)
+        clock[0] = t0 - span + span * k / n
+        keys = keys_from_hash_ids([10**9 + k * 200 + b for b in range(rng.randint(2, 128))])
+        pool.submit(Request(f"d{k}", clock[0], len(keys) * TRACE_BLOCK_TOKENS, keys))
+    ctl = pool.controller
+    times: list[float] = []
+    for w in range(windows + 1):  # window 0 warms up (first calls into numpy paths), not timed
+        clock[0] = t0 + w * cc.window_s
+        ctl.next_window_end = clock[0]
+        c0 = time.thread_time()
+        ctl.end_window(clock[0], lambda wid: pool.scheduler.queue_s(wid, clock[0]))
+        if w:
+            times.append((time.thread_time() - c0) * 1000.0)
+        # the same forecast every window: shift the logged arrivals with the clock
+        ctl.log.entries = type(ctl.log.entries)((t + cc.window_s, n_, p) for t, n_, p in ctl.log.entries)
+    return times, pool
+
+
+def measure_decision(cost: CostModel, workers: int = 64, rate_rps: float = 60.0, windows: int = 20) -> DecisionFigures:
+    """Controller decision time (thread CPU) per window end on ``workers`` workers (half CP8, half CP4),
+    rules and predictive, with ``rate_rps`` arrivals per second of 1K–64K tokens in the forecast span, every
+    one of them still queued. Persistence is out of reach, so no operation starts: each window decides anew."""
+    n8 = workers // 2
+    n4 = workers - n8
+    if n4 % 2:
+        n8, n4 = n8 + 1, n4 - 1
+    comp = format_composition({8: n8, 4: n4})
+    rules, _ = _decision_times(cost, "rules", comp, n8 + n4 // 2, rate_rps, windows)
+    pred, pool = _decision_times(cost, "predictive", comp, n8 + n4 // 2, rate_rps, windows)
+    d = pool.controller.last_decision
+    return DecisionFigures(
+        workers, len(pool.controller.log.entries), len(pool.scheduler.tickets), float(np.median(rules)),
+        float(max(rules)), float(np.median(pred)), float(max(pred)), d.evaluated if d is not None else 0,
+    )  # fmt: skip

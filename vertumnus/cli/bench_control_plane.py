@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from vertumnus.bench_control_plane import DEFAULT_TRACE, measure_placement, measure_replay
+from vertumnus.bench_control_plane import DEFAULT_TRACE, measure_decision, measure_placement, measure_replay
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT
 from vertumnus.profiling.cost_model import CostModel
 
@@ -19,6 +19,8 @@ TARGETS: dict[str, tuple[float, str]] = {
     "placement_us_p99": (250.0, "max"),
     "replay_requests_per_s": (3000.0, "min"),
     "bytes_per_trie_node": (400.0, "max"),
+    "decision_rules_ms_max": (5.0, "max"),
+    "decision_predictive_ms_max": (200.0, "max"),
 }
 
 
@@ -69,6 +71,16 @@ def run_benchmark(
         "replay_cache_ops": rp.cache_ops,
         "replay_composition": f"{rp.composition_start} -> {rp.composition_end}",
     }
+    dc = measure_decision(cost, workers=workers)
+    out |= {
+        "decision_forecast_requests": dc.forecast_requests,
+        "decision_queued_requests": dc.queued_requests,
+        "decision_rules_ms_p50": round(dc.rules_ms_p50, 3),
+        "decision_rules_ms_max": round(dc.rules_ms_max, 3),
+        "decision_predictive_ms_p50": round(dc.predictive_ms_p50, 2),
+        "decision_predictive_ms_max": round(dc.predictive_ms_max, 2),
+        "decision_predictive_moves": dc.predictive_moves,
+    }
     st = cache_bench.build_trie(trie_nodes, n_workers=workers)
     sc = cache_bench.scan_ms(st, scan_active)
     del st
@@ -103,6 +115,9 @@ def _table(res: dict[str, Any]) -> None:
         ("placement_cpu_us_p99", "µs CPU", ""),
         ("replay_requests_per_s", "req/s", "≥ 3000"),
         ("replay_requests_per_cpu_s", "req/CPU-s", ""),
+        ("decision_rules_ms_max", "ms", "≤ 5"),
+        ("decision_predictive_ms_p50", "ms", ""),
+        ("decision_predictive_ms_max", "ms", "≤ 200 (off the request path)"),
         ("scan_ms", "ms", "grows with active nodes"),
         ("bytes_per_trie_node", "B", "≤ 400"),
     ]
@@ -115,7 +130,9 @@ def _table(res: dict[str, Any]) -> None:
         f"placement: {res['workers']} workers, 128K-token prompt, trie {res['placement_trie_nodes']} nodes; "
         f"replay: {res['replay_completed']}/{res['replay_requests']} requests in {res['replay_wall_s']} s, "
         f"{res['replay_reconfigurations']} reconfigurations, {res['replay_cache_ops']} cache ops "
-        f"({res['replay_composition']}); scan: {res['scan_active_nodes']} active of {res['scan_trie_nodes']} nodes"
+        f"({res['replay_composition']}); scan: {res['scan_active_nodes']} active of {res['scan_trie_nodes']} nodes; "
+        f"decision: {res['decision_predictive_moves']} moves scored on {res['decision_forecast_requests']} forecast "
+        f"and {res['decision_queued_requests']} queued requests"
     )
 
 

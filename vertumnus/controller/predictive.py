@@ -104,6 +104,13 @@ class Move:
 
 
 @dataclass(slots=True)
+class _Prepared:
+    workers: dict[int, WorkerNow]
+    known: dict[int, list[float]]  # completion offsets of each worker's queued requests where they are
+    est: dict[int, dict[int, np.ndarray]]  # worker -> degree -> Ê of its queued requests (re-placement)
+
+
+@dataclass(slots=True)
 class Decision:
     """What one predictive window end found."""
 
@@ -181,35 +188,40 @@ class PredictiveModel:
                     out.append(Move(tuple(group[:k])))
         return out
 
-    def score(self, move: Move, workers: Sequence[WorkerNow], arrivals: ReplayArrivals) -> float:
+    def prepare(self, workers: Sequence[WorkerNow]) -> _Prepared:
+        """Per-worker parts every move shares: completion offsets and Ê per degree of the queued requests."""
+        known: dict[int, list[float]] = {}
+        est: dict[int, dict[int, np.ndarray]] = {}
+        for w in workers:
+            if not w.queued:
+                known[w.worker_id] = []
+                continue
+            l_arr = np.array([x[0] for x in w.queued], dtype=np.int64)
+            p_arr = np.array([x[1] for x in w.queued], dtype=np.int64)
+            est[w.worker_id] = e = self._est(l_arr, p_arr)
+            known[w.worker_id] = (w.running_left_s + np.cumsum(e[w.degree])).tolist()
+        return _Prepared({w.worker_id: w for w in workers}, known, est)
+
+    def score(self, move: Move, prep: _Prepared, arrivals: ReplayArrivals) -> float:
         """Mean predicted TTFT (from now) of the forecast and of every queued request under ``move``."""
         sources = {s.worker_id for op in move.ops for s in op.sources}
         free: dict[int, list[float]] = {c: [] for c in self.degrees}
         known: list[float] = []  # queued requests that stay where they are: completion offsets
-        moved: list[tuple[int, int]] = []
-        by_id = {w.worker_id: w for w in workers}
-        for w in workers:
-            if w.worker_id in sources:
-                moved.extend(w.queued)
-                continue
-            free[w.degree].append(w.queue_s)
-            if w.queued:
-                l_arr = np.array([x[0] for x in w.queued], dtype=np.int64)
-                p_arr = np.array([x[1] for x in w.queued], dtype=np.int64)
-                own = self._est(l_arr, p_arr)[w.degree]
-                known.extend((w.running_left_s + np.cumsum(own)).tolist())
+        moved = [wid for wid in sources if wid in prep.est]
+        for wid, w in prep.workers.items():
+            if wid not in sources:
+                free[w.degree].append(w.queue_s)
+                known.extend(prep.known[wid])
         for op in move.ops:
-            ready = max(by_id[s.worker_id].running_left_s for s in op.sources) + self.switch_s
+            ready = max(prep.workers[s.worker_id].running_left_s for s in op.sources) + self.switch_s
             for t in op.targets:
                 free[t.degree].append(ready)
         replay = arrivals
-        if moved:  # re-placed at the drain instant, ahead of the forecast
-            l_arr = np.array([x[0] for x in moved], dtype=np.int64)
-            p_arr = np.array([x[1] for x in moved], dtype=np.int64)
-            moved_est = self._est(l_arr, p_arr)
+        if moved:  # the sources' queued requests are re-placed at the drain instant, ahead of the forecast
+            n_moved = sum(len(prep.workers[wid].queued) for wid in moved)
             replay = ReplayArrivals(
-                np.concatenate([np.zeros(len(moved)), arrivals.t]),
-                {c: np.concatenate([moved_est[c], arrivals.est[c]]) for c in self.degrees},
+                np.concatenate([np.zeros(n_moved), arrivals.t]),
+                {c: np.concatenate([*(prep.est[wid][c] for wid in moved), arrivals.est[c]]) for c in self.degrees},
             )
         return replay_mean_ttft(ReplayWorkers(free), replay, self.beta, self.lam, known)
 
@@ -221,8 +233,9 @@ class PredictiveModel:
     ) -> Decision:
         """Score every move and say which direction (if any) pays, with the module docstring's margins."""
         moves = self.moves(ops_by_kind)
+        prep = self.prepare(workers)
         for m in moves:
-            m.objective = self.score(m, workers, arrivals)
+            m.objective = self.score(m, prep, arrivals)
         stay = moves[0]
         splits = [m for m in moves if m.kind == ReconfigKind.SPLIT]
         merges = [m for m in moves if m.kind == ReconfigKind.MERGE]
@@ -235,8 +248,8 @@ class PredictiveModel:
             return Decision(stay, best_split, best_merge, ReconfigKind.SPLIT, why, len(moves))
         if best_merge is not None and best_merge.objective < (1.0 - self.merge_margin) * stay.objective:
             stressed = arrivals.compressed(self.merge_stress)
-            best_merge.stressed = self.score(best_merge, workers, stressed)
-            stay.stressed = self.score(stay, workers, stressed)
+            best_merge.stressed = self.score(best_merge, prep, stressed)
+            stay.stressed = self.score(stay, prep, stressed)
             if best_merge.stressed <= stay.stressed:
                 why = (
                     f"{best_merge.describe()}: predicted {best_merge.objective:.3f} s vs stay {stay.objective:.3f} s"
