@@ -159,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default="docs/results.md", help="Markdown file to write (images go to <dir>/img/).")
     ap.add_argument("--config", default=None, help="Simulator config (default configs/sim-40gpu.yaml).")
     ap.add_argument("--quick", action="store_true", help="One rate per trace, no phase workload (smoke run).")
+    ap.add_argument("--jobs", type=int, default=1, help="Processes for the out-of-sample test-set runs.")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     cfg = load_sim_config(args.config)
@@ -179,6 +180,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         phase = run_phases(cfg, cost, str(resolve(PHASE_WORKLOAD)))
         log("cache-manager ablation")
         ablation = run_ablation(cfg, cost, str(resolve(STEADY_WORKLOAD)), STEADY_RATES)
+    oos = ""  # out-of-sample test set under every bundled profile (vertumnus.sim.eval_results)
+    if not args.quick:
+        from vertumnus.sim.eval_results import results_section
+
+        log("out-of-sample test set")
+        oos = "\n" + results_section(img, out.parent, jobs=args.jobs, log=log)
     log("speed benchmark")
     load = os.getloadavg()[0]
     bench = run_bench(cfg, cost, TRACES["conversation"])
@@ -191,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": "python -m vertumnus.sim.report --out " + str(args.out) + (" --quick" if args.quick else ""),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(rep, img, out.parent))
+    out.write_text(render(rep, img, out.parent) + oos)
     log(f"wrote {out} ({rep.wall_s:.0f} s)")
     return 0
 

@@ -1,0 +1,210 @@
+"""Evaluation runner: verdicts computed exactly from the per-run numbers; sweep; `vertumnus evaluate` errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vertumnus.cli.main import main
+from vertumnus.sim.eval_set import load_eval_set
+from vertumnus.sim.evaluate import STATIC, RunDigest, all_compositions, derive, evaluate
+from vertumnus.sim.inputs import load_cost, load_sim_config
+from vertumnus.sim.phase_stats import phase_summaries
+from vertumnus.sim.runner import run_policy
+from vertumnus.sim.sensitivity import parse_sweep
+
+EXCERPT = Path(__file__).resolve().parents[1] / "data" / "conversation_excerpt.jsonl"
+CONFIG = "configs/sim-40gpu.yaml"
+
+
+def _digest(mean: float, p90: float, slo: float, phase_means: list[float], lost: int = 0) -> RunDigest:
+    summary = {"mean_ttft_s": mean, "p90_ttft_s": p90, "slo_attainment_token_weighted": slo, "rejected": lost,
+               "failed": 0, "unfinished": 0}  # fmt: skip
+    phases = [{"requests": n, "mean_ttft_s": m} for n, m in zip((30, 10), phase_means, strict=True)]
+    return RunDigest("x", "c", summary, phases)
+
+
+def test_derive_best_fixed_oracle_ratios_and_flags_exactly() -> None:
+    fixed = {
+        "A": _digest(1.0, 2.0, 0.95, [0.8, 1.6]),
+        "B": _digest(0.9, 2.5, 0.97, [1.0, 0.6]),
+        "C": _digest(1.2, 1.5, 0.99, [0.7, 2.7]),
+    }
+    policy = _digest(0.99, 2.4, 0.97, [0.75, 1.71])
+    v = derive(policy, fixed, "A", ["high", "low"])
+    assert v.best_fixed == "B" and v.best_mean == 0.9
+    assert [(p.best, p.best_mean, p.label) for p in v.phases] == [("C", 0.7, "high"), ("B", 0.6, "low")]
+    assert v.oracle_mean == pytest.approx((30 * 0.7 + 10 * 0.6) / 40)
+    assert v.ratio_best == pytest.approx(0.99 / 0.9) and v.ratio_start == pytest.approx(0.99 / 1.0)
+    assert v.ratio_oracle == pytest.approx(0.99 / 0.675)
+    assert v.phases[0].ratio == pytest.approx(0.75 / 0.7)
+    assert v.flags == {"mean<=best": False, "mean<=1.02*start": True, "p90<=best": True, "slo>=best": True,
+                       "lost==0": True}  # fmt: skip
+    assert not v.passed
+    winner = derive(_digest(0.85, 2.5, 0.97, [0.7, 0.6]), fixed, "A")
+    assert winner.passed and winner.ratio_oracle == pytest.approx(0.85 / 0.675)
+    lossy = derive(_digest(0.85, 2.5, 0.97, [0.7, 0.6], lost=1), fixed, "A")
+    assert lossy.flags["lost==0"] is False and not lossy.passed
+    # Ties: the lexicographically first composition wins, deterministically.
+    tie = derive(policy, {"Y": _digest(1.0, 1, 1, [1, 1]), "X": _digest(1.0, 1, 1, [1, 1])}, "Y")
+    assert tie.best_fixed == "X" and [p.best for p in tie.phases] == ["X", "X"]
+
+
+def _tiny_set(tmp_path: Path, **workload: object) -> Path:
+    w = {"name": "tiny", "pattern": "alternating", "seed": 5, "traces": ["excerpt"], "start": "6xCP4+2xCP8",
+         "params": {"high": {"load": 0.8, "long_share": 0.05}, "low": {"load": 0.3, "long_share": 0.3},
+                    "high_s": 12, "low_s": 12, "phases": 2}}  # fmt: skip
+    w.update(workload)
+    data = {"name": "tiny", "traces": {"excerpt": str(EXCERPT)}, "requests": [0.0, 1.0], "workloads": [w]}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_runner_on_a_tiny_workload_derives_everything_from_its_runs(tmp_path: Path) -> None:
+    set_path = str(_tiny_set(tmp_path))
+    calls: list[str] = []
+    res = evaluate(set_path, CONFIG, progress=lambda d, t, task: calls.append(f"{task.policy} {task.composition}"))
+    cfg = load_sim_config(CONFIG)
+    comps = all_compositions(cfg)
+    assert comps == ["10xCP4", "8xCP4+1xCP8", "6xCP4+2xCP8", "4xCP4+3xCP8", "2xCP4+4xCP8", "5xCP8"]
+    assert calls == ["vertumnus 6xCP4+2xCP8"] + [f"{STATIC} {c}" for c in comps]
+    (w,) = res.workloads
+    assert set(w.fixed) == set(comps) and w.start == "6xCP4+2xCP8"
+    # The digests are the runs themselves: rerun the start composition and the policy directly.
+    gen = load_eval_set(set_path).generate("tiny", cfg, load_cost(cfg))
+    assert w.requests == len(gen.requests) > 100
+    cost = load_cost(cfg)
+    direct = run_policy(gen.requests, cfg, cost, STATIC, "6xCP4+2xCP8")
+    assert w.fixed["6xCP4+2xCP8"].mean == direct.summary["mean_ttft_s"]
+    assert w.fixed["6xCP4+2xCP8"].phases == [
+        {k: s[k] for k in w.fixed["6xCP4+2xCP8"].phases[0]} for s in phase_summaries(direct.arrays, gen.bounds)
+    ]
+    pol = run_policy(gen.requests, cfg, cost, "vertumnus", "6xCP4+2xCP8")
+    assert w.policy.mean == pol.summary["mean_ttft_s"]
+    # Best fixed, oracle and ratios recomputed here from the per-run numbers.
+    v = w.verdict
+    best = min(comps, key=lambda c: (w.fixed[c].mean, c))
+    assert v.best_fixed == best and v.best_mean == w.fixed[best].mean
+    assert v.ratio_best == w.policy.mean / w.fixed[best].mean
+    assert v.ratio_start == w.policy.mean / w.fixed["6xCP4+2xCP8"].mean
+    weighted, n = 0.0, 0
+    for k, ph in enumerate(v.phases):
+        means = {c: w.fixed[c].phases[k]["mean_ttft_s"] for c in comps}
+        assert ph.best_mean == min(means.values()) and means[ph.best] == ph.best_mean
+        assert ph.requests == w.policy.phases[k]["requests"]
+        weighted += ph.requests * ph.best_mean
+        n += ph.requests
+    assert v.oracle_mean == pytest.approx(weighted / n) and v.ratio_oracle == pytest.approx(
+        w.policy.mean * n / weighted
+    )
+    assert v.flags["lost==0"] == (w.policy.lost == 0)
+    assert v.flags["p90<=best"] == (w.policy.p90 <= w.fixed[best].p90)
+    assert res.geomean("ratio_best") == pytest.approx(v.ratio_best)
+    js = res.to_json()
+    assert js["workloads"][0]["verdict"]["best_fixed"] == best and js["passed"] == int(v.passed)
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+Cli = Callable[..., Result]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
+    def run(*args: str) -> Result:
+        monkeypatch.setattr(sys, "argv", ["vertumnus", *args])
+        capsys.readouterr()
+        code = 0
+        try:
+            main()
+        except SystemExit as e:
+            code = int(e.code or 0)
+        out, err = capsys.readouterr()
+        return Result(code, out, err)
+
+    return run
+
+
+def _fails_cleanly(r: Result, *needles: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+    assert r.stderr.startswith("error:"), r.stderr
+    for n in needles:
+        assert n in r.stderr, r.stderr
+
+
+def test_cli_errors_are_clear(cli: Cli, tmp_path: Path) -> None:
+    _fails_cleanly(cli("evaluate", "--set", str(tmp_path / "nope.yaml")), "evaluation set not found")
+    bad_pattern = _tiny_set(tmp_path, pattern="zigzag")
+    _fails_cleanly(cli("evaluate", "--set", str(bad_pattern)), "unknown workload pattern 'zigzag'", "tiny")
+    ok = str(_tiny_set(tmp_path))
+    _fails_cleanly(cli("evaluate", "--set", ok, "--start", "3xCP4"), "bad composition", "uses 12 GPUs")
+    _fails_cleanly(cli("evaluate", "--set", ok, "--start", "10xCP2+2xCP8"), "degree(s) [2]")
+    _fails_cleanly(cli("evaluate", "--set", ok, "--policy", "magic"), "unknown policy 'magic'")
+    _fails_cleanly(cli("evaluate", "--set", ok, "--config", str(tmp_path / "none.yaml")), "none.yaml")
+    _fails_cleanly(cli("evaluate", "--set", ok, "--sweep", "theta_up=a,b"), "bad --sweep")
+    _fails_cleanly(cli("evaluate", "--set", ok, "--sweep", "no_such_knob=1"), "unknown config key")
+    data = yaml.safe_load(Path(ok).read_text())
+    data["traces"]["excerpt"] = str(tmp_path / "missing.jsonl")
+    (tmp_path / "missing.yaml").write_text(yaml.safe_dump(data))
+    _fails_cleanly(cli("evaluate", "--set", str(tmp_path / "missing.yaml")), "trace file(s) not found")
+
+
+def test_parse_sweep_grids() -> None:
+    cfg = load_sim_config(CONFIG)
+    grid = parse_sweep(["theta_up=0.6,0.7", "persist_windows", "cache.theta_intra=1,2"], cfg)
+    p = cfg.controller.persist_windows
+    assert grid == {"controller.theta_up": [0.6, 0.7], "controller.persist_windows": sorted({max(1, p + d) for d in
+                    (-1, 0, 1, 2)}), "cache.theta_intra": [1.0, 2.0]}  # fmt: skip
+    auto = parse_sweep(["auto"], cfg)
+    assert {"controller.theta_up", "controller.theta_low", "controller.persist_windows"} <= set(auto)
+    assert "controller.long_threshold_tokens" not in auto and "controller.switch_s" not in auto
+
+
+def test_cli_evaluate_and_sweep_on_a_tiny_set(cli: Cli, tmp_path: Path) -> None:
+    set_path = str(_tiny_set(tmp_path))
+    cfg = load_sim_config(CONFIG)
+    out = tmp_path / "sw"
+    bad = round(cfg.controller.theta_up + 0.1, 3)  # θ_low ≥ θ_up: rejected by the config, reported and skipped
+    r = cli("evaluate", "--set", set_path, "--sweep", f"theta_low=0.2,{bad}", "--out", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    points = json.loads((out / "sensitivity.json").read_text())
+    assert [(p["value"], p["is_base"]) for p in points] == [(0.2, False), (cfg.controller.theta_low, True),
+                                                            (bad, False)]  # fmt: skip
+    assert points[2]["note"] and points[2].get("ratio_best") is None
+    base = json.loads((out / "evaluation.json").read_text())
+    assert points[1]["ratio_best"] == pytest.approx(base["geomean_ratio_best"])
+    assert math.isfinite(points[0]["ratio_best"]) and (out / "sensitivity.png").stat().st_size > 0
+    r2 = cli("evaluate", "--set", set_path, "--out", str(tmp_path / "ev"), "--no-progress")
+    assert r2.returncode == 0, r2.stderr
+    assert "| tiny | 6xCP4+2xCP8 |" in r2.stdout and "workloads meet every criterion" in r2.stdout
+    md = (tmp_path / "ev" / "evaluation.md").read_text()
+    assert "## Per phase" in md and "0 high" in md and "1 low" in md
+
+
+def test_results_section_renders_every_profile_and_skips_missing_ones(tmp_path: Path) -> None:
+    from vertumnus.sim.eval_results import results_section
+
+    set_path = str(_tiny_set(tmp_path))
+    md = results_section(
+        tmp_path / "img", tmp_path, profiles=(("calibrated", CONFIG), ("other", str(tmp_path / "absent.yaml"))),
+        set_path=set_path, tuning_path=None, sweep_keys=("theta_low=0.3",), log=lambda _: None,
+    )  # fmt: skip
+    assert "### Profile: calibrated" in md and "| tiny | 6xCP4+2xCP8 |" in md
+    assert f"Skipped: `{tmp_path / 'absent.yaml'}` does not exist" in md
+    assert "![test-set verdict against each controller threshold](img/eval_sensitivity.png)" in md
+    assert (tmp_path / "img" / "eval_sensitivity.png").is_file() and "| controller.theta_low | 0.3 |" in md
+    assert "load 1.0 is the rate" in md  # the protocol's rule is stated

@@ -1,0 +1,118 @@
+"""The out-of-sample section of docs/results.md (``make results``): the test set under every bundled profile.
+
+:func:`results_section` runs the evaluation of ``configs/eval/test.yaml`` under each profile's config (a config
+that does not exist yet is skipped with a note), the sensitivity sweep under the first profile, and renders the
+markdown. Every figure comes from the runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from vertumnus.sim.eval_report import (
+    columns_text,
+    criteria_text,
+    img_link,
+    markdown_fixed,
+    markdown_phases,
+    markdown_summary,
+    sensitivity_table,
+)
+from vertumnus.sim.eval_set import EvalSet, load_eval_set
+from vertumnus.sim.evaluate import EvalResult, evaluate
+from vertumnus.sim.inputs import resolve
+from vertumnus.sim.protocol import __doc__ as PROTOCOL_DOC
+from vertumnus.sim.sensitivity import parse_sweep, plot_sweep, sweep
+
+TEST_SET = "configs/eval/test.yaml"
+TUNING_SET = "configs/eval/tuning.yaml"
+# (label, config): the calibrated profile and the AIConfigurator-derived one (profiling issue).
+PROFILES: tuple[tuple[str, str], ...] = (
+    ("calibrated", "configs/sim-40gpu.yaml"),
+    ("AIConfigurator", "configs/sim-40gpu-aic.yaml"),
+)
+SWEEP_KEYS = ("theta_up", "theta_low", "persist_windows")  # around the config's values, first profile only
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def protocol_text(test: EvalSet, tuning: EvalSet | None) -> str:
+    """The protocol in prose (from the generator's docstring) and the test set's workloads."""
+    doc = (PROTOCOL_DOC or "").split("\n\n", 1)[1].strip()
+    out = [doc, ""]
+    if tuning is not None:
+        out.append(
+            f"**Split.** Tuning set `{tuning.source}`: requests {tuning.requests[0]:g}–{tuning.requests[1]:g} of each "
+            f"trace, seeds {', '.join(str(w.seed) for w in tuning.workloads)}; test set `{test.source}`: requests "
+            f"{test.requests[0]:g}–{test.requests[1]:g}, seeds {', '.join(str(w.seed) for w in test.workloads)}. "
+            "Thresholds and learned parameters are chosen on the tuning set only; this section reports the test "
+            "set. No workload shape (pattern and parameters) is in both sets.\n"
+        )
+    out.append("| test workload | pattern | traces | seed | start | what |")
+    out.append("|---|---|---|---:|---|---|")
+    for w in test.workloads:
+        out.append(f"| {w.name} | {w.pattern} | {', '.join(w.traces)} | {w.seed} | {test.start_of(w)} | "
+                   f"{w.description or '–'} |")  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def profile_text(label: str, config: str, res: EvalResult) -> str:
+    out = [f"### Profile: {label} (`{config}`, {res.profile})\n", markdown_summary(res),
+           "Whole-run mean TTFT (s) of every fixed composition, best in bold:\n", markdown_fixed(res),
+           "<details><summary>Per phase: the policy against each phase's best fixed one</summary>\n"]  # fmt: skip
+    for w in res.workloads:
+        out.append(f"**{w.name}** ({w.pattern}, {w.requests} requests, {w.duration_s:.0f} s, start {w.start})\n")
+        out.append(markdown_phases(w, res.policy))
+    out.append("</details>\n")
+    return "\n".join(out)
+
+
+def results_section(
+    img_dir: Path,
+    md_dir: Path,
+    profiles: Sequence[tuple[str, str]] = PROFILES,
+    set_path: str = TEST_SET,
+    tuning_path: str | None = TUNING_SET,
+    jobs: int = 1,
+    sweep_keys: Sequence[str] = SWEEP_KEYS,
+    policy: str = "vertumnus",
+    log: Callable[[str], None] = _stderr,
+    heading: str = "## Out-of-sample evaluation (issue 16)",
+) -> str:
+    """Markdown of the test-set evaluation under each profile plus the sensitivity plot (see module docstring)."""
+    test = load_eval_set(set_path)
+    tuning = load_eval_set(tuning_path) if tuning_path and resolve(tuning_path).is_file() else None
+    out = [heading + "\n", protocol_text(test, tuning), criteria_text() + " " + columns_text(policy) + "\n"]
+    first = True
+    for label, config in profiles:
+        if not resolve(config).is_file():
+            out.append(f"### Profile: {label}\n\nSkipped: `{config}` does not exist in this checkout.\n")
+            continue
+        t0 = time.perf_counter()
+        if first and sweep_keys:
+            from vertumnus.sim.evaluate import plan
+
+            grid = parse_sweep(list(sweep_keys), plan(set_path, config, policy).cfg)
+            sw = sweep(set_path, config, grid, policy, jobs=jobs)
+            res = sw.base
+            out.append(profile_text(label, config, res))
+            fig = plot_sweep(sw.points, img_dir / "eval_sensitivity.png",
+                             f"{policy} on the test set ({label} profile): one threshold varied at a time")  # fmt: skip
+            out.append(
+                "**Sensitivity.** Geometric mean over the test workloads of the policy's mean TTFT ÷ the best fixed "
+                "composition's (and ÷ its start held fixed), one controller threshold varied at a time around the "
+                "config's value (dotted line); the fixed compositions do not depend on the thresholds.\n"
+            )
+            out.append(img_link(fig, md_dir, "test-set verdict against each controller threshold"))
+            out.append(sensitivity_table(sw.points))
+        else:
+            res = evaluate(set_path, config, policy, jobs=jobs)
+            out.append(profile_text(label, config, res))
+        first = False
+        log(f"  test set under {label}: {len(res.workloads)} workloads, {time.perf_counter() - t0:.0f} s")
+    return "\n".join(out)
