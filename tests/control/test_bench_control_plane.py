@@ -106,8 +106,13 @@ def test_cli_json(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
-    for key in ("placement_us_p50", "placement_us_p99", "replay_requests_per_s", "scan_ms", "bytes_per_trie_node"):
+    for key in ("placement_us_p50", "placement_us_p99", "replay_requests_per_s", "scan_ms", "bytes_per_trie_node",
+                "decision_rules_ms_p50", "decision_predictive_ms_p50"):  # fmt: skip
         assert isinstance(out[key], float) and out[key] > 0
     assert (out["workers"], out["replay_completed"], out["scan_active_nodes"] >= 100) == (4, 50, True)
+    # the decision benchmark: arrivals over the 2-window span stay queued (4 workers' KV bounds how many are
+    # placed; the rest wait in the backlog and are not forecast); moves = stay + at least one operation
+    assert 0 < out["decision_forecast_requests"] == out["decision_queued_requests"] <= 1200
+    assert out["decision_predictive_moves"] >= 2
     bad = CliRunner().invoke(app, ["bench", "control-plane", "--trace", str(tmp_path / "none.jsonl")])
     assert bad.exit_code != 0 and "trace not found" in str(bad.exception)
