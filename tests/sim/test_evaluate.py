@@ -14,7 +14,7 @@ import yaml
 
 from vertumnus.cli.main import main
 from vertumnus.sim.eval_set import load_eval_set
-from vertumnus.sim.evaluate import STATIC, RunDigest, all_compositions, derive, evaluate
+from vertumnus.sim.evaluate import STATIC, EvalResult, RunDigest, all_compositions, derive, evaluate
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.phase_stats import phase_summaries
 from vertumnus.sim.runner import run_policy
@@ -208,3 +208,20 @@ def test_results_section_renders_every_profile_and_skips_missing_ones(tmp_path: 
     assert "![test-set verdict against each controller threshold](img/eval_sensitivity.png)" in md
     assert (tmp_path / "img" / "eval_sensitivity.png").is_file() and "| controller.theta_low | 0.3 |" in md
     assert "load 1.0 is the rate" in md  # the protocol's rule is stated
+
+
+def test_process_pool_gives_the_same_verdicts_as_one_process(tmp_path: Path) -> None:
+    set_path = str(_tiny_set(tmp_path, params={"high": {"load": 0.7, "long_share": 0.05}, "low": {"load": 0.3,
+                   "long_share": 0.3}, "high_s": 8, "low_s": 8, "phases": 2}))  # fmt: skip
+    one, two = evaluate(set_path, CONFIG, jobs=1), evaluate(set_path, CONFIG, jobs=2)
+    strip = ("sim_wall_s", "sim_cpu_s")
+
+    def numbers(res: EvalResult) -> dict[str, object]:
+        js = res.to_json()
+        for w in js["workloads"]:
+            for run in (w["policy"], *w["fixed"].values()):
+                for k in strip:
+                    run["summary"].pop(k)
+        return js
+
+    assert numbers(one) == numbers(two)
