@@ -10,6 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from vertumnus.config import REPO_ROOT
+from vertumnus.engines.vllm.availability import unavailable
 from vertumnus.profiling.cost_model import CostProfile, DegreeProfile
 
 EXCERPT = REPO_ROOT / "tests" / "data" / "conversation_excerpt.jsonl"
@@ -62,3 +63,14 @@ def cli_app() -> typer.Typer:
     app.add_typer(bench, name="bench")
     profile_cmd.register(app, bench)
     return app
+
+
+@pytest.fixture
+def vllm_required() -> None:
+    """vLLM must import on x86_64 Linux (fail naming `make setup`); elsewhere the test is skipped."""
+    why = unavailable()
+    if why is not None:
+        required, message = why
+        if required:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)

@@ -34,6 +34,7 @@ COMMAND_MODULES = (
     "bench_serve",
     "profile_cmd",
     "evaluate_cmd",
+    "bench_profile_fit",
 )
 
 for _name in COMMAND_MODULES:

@@ -31,6 +31,7 @@ from vertumnus.profiling.measure import (
     GridPoint,
     GridSpec,
     Measurement,
+    Timer,
     measure_grid,
     plot_path,
     read_samples,
@@ -94,15 +95,19 @@ def run_profile(
     opts: ProfileOptions,
     on_step: Callable[[GridPoint, str], None] | None = None,
     on_capacity: Callable[[int, int], Callable[[], None] | None] | None = None,
+    timer: Timer | None = None,
 ) -> ProfileRun:
     """The whole flow; raises :class:`FitRejected` (after writing samples + plot) when the fit is too poor.
 
     ``on_capacity(degree, requests)`` is called before each degree's κ measurement and may return a callable
-    ticked after every real-engine request (progress reporting).
+    ticked after every real-engine request (progress reporting). ``timer``: a controlled source of the
+    recorded seconds (:data:`~vertumnus.profiling.measure.Timer`; tests) — the profile's source is then
+    ``controlled``, not ``measured``.
     """
+    controlled = timer is not None and opts.from_samples is None
     if opts.from_samples is None:
         load_before = _loadavg()
-        rows = measure_grid(target, spec, on_step)
+        rows = measure_grid(target, spec, on_step, timer)
         where = f"1-min load average {_loadavg()} after measuring (before: {load_before})"
         grid = (
             f"grid: degrees {list(spec.degrees)}, lengths {list(spec.lengths)}, prefix ratios "
@@ -119,7 +124,7 @@ def run_profile(
         model=target.model,
         hardware=target.hardware,
         date=dt.date.today().isoformat(),
-        source="simulated" if target.engine == "sim" else "measured",
+        source="controlled" if controlled else "simulated" if target.engine == "sim" else "measured",
     )
     profile.kappa_window_s = cfg.controller.window_s
     run = ProfileRun(profile, fits, rows)
@@ -131,6 +136,8 @@ def run_profile(
     if bad and not opts.force:
         raise FitRejected(bad, opts.max_mape, run)
     notes = [grid, f"samples: {csv_path.name}; fit plot: {png_path.name}; {where}"]
+    if controlled:
+        notes.append("timings: from a controlled timer; the engine ran every point but its clock was not recorded")
     if bad:
         notes.append("written with --force despite: " + " | ".join(bad))
     if opts.trace is not None:

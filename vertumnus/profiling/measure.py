@@ -9,6 +9,11 @@ spreads over many points instead of inflating one point's every repeat, and the 
 processes only ever *adds* time, so on a heavily shared machine — where a burst can cover more than half of a
 point's repeats and inflate even the median — the minimum is the robust estimate of the uncontended service
 time. The CSV keeps median, min and max either way; the profile notes name the statistic used.
+
+A :data:`Timer` decides which seconds a timed run records. Unset, it is the engine's own time. The profiler's
+unit tests supply a controlled timer (e.g. a planted E_C(r, p)): the real engine still runs every point, with
+its prefix-reuse checks, but the recorded times — and so the fitted coefficients — are exact and independent
+of machine load. Timed fits on real clocks are benchmarks (``vertumnus bench profile-fit``), not tests.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from vertumnus.profiling.fit import ProfileSample
 from vertumnus.profiling.targets import ProfilingTarget
 
 _T = TypeVar("_T", int, float)
+Timer = Callable[["GridPoint", float], float]
+"""``timer(point, engine_s)`` → the seconds recorded for one timed run of ``point`` (``engine_s``: the target's)."""
 CSV_FIELDS = ("degree", "length", "prefix_ratio", "r", "p", "seconds", "median_s", "min_s", "max_s", "repeats")
 STATISTICS = ("median", "min")
 
@@ -123,11 +130,13 @@ def measure_grid(
     target: ProfilingTarget,
     spec: GridSpec,
     on_step: Callable[[GridPoint, str], None] | None = None,
+    timer: Timer | None = None,
 ) -> list[Measurement]:
     """Run the grid on ``target`` degree by degree (setup → warm-up → shuffled passes → teardown).
 
     ``on_step(point, phase)`` is called after every run (phase ``"warmup"`` or ``"measure"``) for a progress
-    bar. Returns one :class:`Measurement` per grid point, in grid order.
+    bar. ``timer``: where each timed run's seconds come from (module docstring; default: the engine's time).
+    Returns one :class:`Measurement` per grid point, in grid order.
     """
     points = grid_points(spec, target.prefix_align, target.max_tokens)
     rng = np.random.default_rng(spec.seed)
@@ -147,6 +156,10 @@ def measure_grid(
                     s = target.measure(c, mine[i].r, mine[i].p)
                     if not s > 0:
                         raise ValueError(f"engine returned a non-positive time {s} for {mine[i]}")
+                    if timer is not None:
+                        s = timer(mine[i], s)
+                        if not s > 0:
+                            raise ValueError(f"timer returned a non-positive time {s} for {mine[i]}")
                     times[i].append(s)
                     if on_step:
                         on_step(mine[i], "measure")

@@ -123,6 +123,9 @@ class TorchTarget:
         self._ids = itertools.count()
         self._plane: TorchDataPlane | None = None
         self._events = _Recorder()
+        # (p, cached tokens the worker reported) per timed prefill: the evidence that each timed run reused
+        # exactly its prefix (a mismatch raises before it is recorded).
+        self.reused: list[tuple[int, int]] = []
 
     def setup(self, degree: int) -> None:
         """Start C rank processes as one worker of degree C (waits until every rank joined)."""
@@ -150,6 +153,7 @@ class TorchTarget:
         cpu = [_cpu_ns(pid) - c0 for pid, c0 in zip(pids, cpu0, strict=True)]
         if result.cached_tokens != p:
             raise RuntimeError(f"torch worker reused {result.cached_tokens} cached tokens, expected {p}")
+        self.reused.append((p, result.cached_tokens))
         return max(cpu) * 1e-9 if pids else result.finished_s - result.started_s
 
     def teardown(self, degree: int) -> None:

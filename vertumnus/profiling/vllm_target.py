@@ -37,6 +37,7 @@ class VllmTarget:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._actor: Any = None
         self._vocab = cfg.model.vocab_size
+        self.reused: list[tuple[int, int]] = []  # (p, cached tokens vLLM reported) per timed prefill
 
     def setup(self, degree: int) -> None:
         """Start the degree-C engine (raises vLLM's refusal, e.g. PCP > 1 on CPU)."""
@@ -60,8 +61,9 @@ class VllmTarget:
     def measure(self, degree: int, r: int, p: int) -> float:
         """Engine-side seconds of one prefill of r tokens after a cached prefix of p tokens."""
         assert self._loop is not None and self._actor is not None, "setup(degree) first"
-        times = self._loop.run_until_complete(self._actor.profile_prefill(r, p, 1, self._vocab))
-        return float(times[0])
+        ((seconds, cached),) = self._loop.run_until_complete(self._actor.profile_runs(r, p, 1, self._vocab))
+        self.reused.append((p, cached))
+        return seconds
 
     def teardown(self, degree: int) -> None:
         """Shut the engine and its processes down."""

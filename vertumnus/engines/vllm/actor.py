@@ -194,7 +194,11 @@ class EngineActor:
         """Queue-free prefill times (seconds, engine-side) of r uncached tokens after a cached prefix of p
         tokens: per repeat, a fresh random prompt; its first p tokens are prefilled untimed first. Raises if
         vLLM reused anything but exactly p tokens (p must be a multiple of the block size)."""
-        times: list[float] = []
+        return [seconds for seconds, _ in await self.profile_runs(r, p, repeats, vocab)]
+
+    async def profile_runs(self, r: int, p: int, repeats: int, vocab: int) -> list[tuple[float, int]]:
+        """:meth:`profile_prefill` with the cached tokens vLLM reported: ``(seconds, cached)`` per repeat."""
+        runs: list[tuple[float, int]] = []
         for i in range(repeats):
             toks = self._rng.integers(0, vocab, size=r + p).tolist()
             tag = f"profile-{time.monotonic_ns()}-{i}"
@@ -203,8 +207,8 @@ class EngineActor:
             got = await self.prefill(tag, toks)
             if got["cached_tokens"] != p:
                 raise RuntimeError(f"vLLM reused {got['cached_tokens']} cached tokens, expected {p}")
-            times.append(float(got["elapsed_s"]))
-        return times
+            runs.append((float(got["elapsed_s"]), int(got["cached_tokens"])))
+        return runs
 
     async def reset_prefix_cache(self) -> bool:
         """Drop every cached block (vLLM publishes AllBlocksCleared)."""
