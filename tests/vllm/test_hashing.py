@@ -3,17 +3,27 @@ does), for the sha256_cbor algorithm, the default and an explicit seed, and two 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
-from vllm.utils.hashing import sha256_cbor as vllm_sha256_cbor
-from vllm.v1.core import kv_cache_utils as kcu
 
 from vertumnus.cache.block_keys import engine_blocks_per_block, group_engine_blocks
 from vertumnus.engines.vllm.hashing import VllmBlockHasher, external_hash
 
 
+def _vllm() -> SimpleNamespace:
+    """vLLM's hashing code, imported per test (the conftest's gate decides whether vLLM must be here)."""
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core import kv_cache_utils
+
+    return SimpleNamespace(sha256_cbor=sha256_cbor, kcu=kv_cache_utils)
+
+
 def vllm_hashes(tokens: list[int], block: int) -> list[int]:
     """vLLM's chain over full blocks, converted as its KV events convert them."""
+    v = _vllm()
+    kcu, vllm_sha256_cbor = v.kcu, v.sha256_cbor
     out: list[int] = []
     parent = None
     for k in range(len(tokens) // block):
@@ -29,7 +39,7 @@ def test_hashes_equal_vllm(block: int, seed: str | None, monkeypatch: pytest.Mon
         monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     else:
         monkeypatch.setenv("PYTHONHASHSEED", seed)
-    kcu.init_none_hash(vllm_sha256_cbor)
+    _vllm().kcu.init_none_hash(_vllm().sha256_cbor)
     rng = np.random.default_rng(7)
     tokens = rng.integers(0, 50_000, size=10 * block + block // 2).tolist()
     mine = VllmBlockHasher(block, seed).hashes(tokens)
@@ -69,5 +79,5 @@ def test_vectorised_cbor_equals_cbor2(monkeypatch: pytest.MonkeyPatch) -> None:
     assert offsets.tolist() == [0, 1, 2, 3, 5, 7, 10, 13, 18, 23, 32, 41]
     big = np.random.default_rng(1).integers(0, 2**40, size=64)
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    kcu.init_none_hash(vllm_sha256_cbor)
+    _vllm().kcu.init_none_hash(_vllm().sha256_cbor)
     assert VllmBlockHasher(32).hashes(big) == vllm_hashes(big.tolist(), 32)
