@@ -18,7 +18,12 @@ TOL = 1e-4
 
 
 def tiny_config(
-    gpus_per_node: int, degrees: Sequence[int], block_tokens: int = 8, capacity: int = 64, **model: Any
+    gpus_per_node: int,
+    degrees: Sequence[int],
+    block_tokens: int = 8,
+    capacity: int = 64,
+    composition: str | None = None,
+    **model: Any,
 ) -> VertumnusConfig:
     """A CPU pool of one node with a tiny fp32 model (2 layers, GQA 4/2 heads)."""
     return config_from_dict(
@@ -29,6 +34,7 @@ def tiny_config(
                 "degrees": list(degrees),
                 "engine": "torch",
                 "kv_capacity_blocks_per_rank": capacity,
+                "initial_composition": composition,
             },
             "cache": {"block_tokens": block_tokens},
             "model": {

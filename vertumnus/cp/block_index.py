@@ -6,8 +6,15 @@ The tensors themselves live in :class:`vertumnus.cp.kv_store.RankKVStore`, only 
 
 Invariants
 - A block is identified by its chained key; ``depth`` is its index inside its prefix (key k of a prompt).
-- New blocks go to rank ``depth mod C`` (canonical owner). After a merge blocks keep the rank they were on
-  (no copying), so ``owner`` is stored per block and reuse gathers from wherever blocks are.
+- New blocks (computed or imported) go to rank ``depth mod C`` (canonical owner). After a merge blocks keep
+  the rank they were on (no copying), so ``owner`` is stored per block and reuse gathers from wherever blocks
+  are; a split child keeps the blocks on its ranks — a prefix computed by a child before a merge comes back to
+  it whole. The cache manager and the simulator compute this same layout (sketch in
+  :mod:`vertumnus.cache.reconfigure`), which is why no cache report is needed when new groups activate::
+
+      CP2 + CP2 --merge--> CP4                      --split--> CP2 + CP2
+      A on ranks 0 1 0 1   A0 A2 @r0, A1 A3 @r1                 lower child: all of A
+      (lower child)        B computed here: B_d @ r(d mod 4)    lower: B0 B1, upper: B2 B3
 - ``used[r]`` = number of blocks owned by rank r ≤ ``capacity`` (per-rank KV capacity, in blocks).
 - LRU: one ordered dict per rank, oldest first. Paths are touched leaf → root, so ancestors are more recent
   than their descendants and eviction tends to take leaves.

@@ -56,6 +56,8 @@ class DataPlaneCore:
         self._copies: dict[int, Copy] = {}
         self._outputs: OrderedDict[str, PrefillOutput] = OrderedDict()
         self._ready: set[int] = set()
+        self._listings: dict[int, dict[int, tuple[int, ...]]] = {}  # block_layout token -> rank -> keys
+        self._next_token = 0
         self._failed_start: str | None = None
         self._generation = 0
         self._procs: RankProcesses | None = None
@@ -187,6 +189,11 @@ class DataPlaneCore:
                     self._emit_op_failed(msg.op_id, msg.error)
         elif isinstance(msg, m.Reports):
             self._emit_reports(msg.reports)
+        elif isinstance(msg, m.BlockList):
+            got = self._listings.get(msg.token)
+            if got is not None:
+                got[msg.rank] = msg.keys
+                self._ready_cv.notify_all()
         elif isinstance(msg, m.RankFailed):
             log.error("rank %d failed: %s", msg.rank, msg.message)
             if len(self._ready) < self.world_size and self._generation == 0:

@@ -1,7 +1,8 @@
 """``TorchDataPlane``: the :class:`vertumnus.interfaces.DataPlane` of the project's own PyTorch CP engine.
 
 One process per rank (``nodes × gpus_per_node`` ranks; on CPU one thread each), long-lived. A worker is a view
-over ranks; split / merge re-group parked ranks in place (weights and KV stay resident). The driver thread
+over ranks; split / merge re-group parked ranks in place (weights and KV stay resident, every block on the rank
+it is on — :mod:`vertumnus.cp.block_index`; :meth:`TorchDataPlane.block_layout` shows the layout). The driver thread
 turns rank replies into :class:`EngineEvents` callbacks; callbacks always run on that thread, outside the data
 plane's lock, in the order the causes happened (a job's ``prefill_started`` before its ``prefill_done``).
 
@@ -199,6 +200,23 @@ class TorchDataPlane(DataPlaneCore):
         """The logits (and KV with ``return_kv``) of a finished prefill; available before its prefill_done."""
         with self._lock:
             return self._outputs.pop(request_id, None)
+
+    def block_layout(self, worker_id: int) -> dict[int, int]:
+        """Block key -> rank inside the worker, for every KV block the worker's ranks store (tests and debugging;
+        the cache manager predicts the same layout). A step like any other: it answers after the work already
+        sent to the worker. Not for engine-event callbacks (they run on the thread that collects the answer)."""
+        with self._lock:
+            slot = self._slot(worker_id)
+            token = self._next_token
+            self._next_token += 1
+            got = self._listings[token] = {}
+            self._to_worker(slot, m.ListBlocks(worker_id, token))
+            degree = slot.group.degree
+            ok = self._ready_cv.wait_for(lambda: len(got) == degree or not slot.usable, self._timeout_s)
+            del self._listings[token]
+            if not ok or len(got) < degree:
+                raise RuntimeError(f"worker {worker_id} did not list its blocks")
+        return {k: rank for rank, keys in got.items() for k in keys}
 
     def rank_pid(self, rank: int) -> int | None:
         """OS pid of global rank ``rank`` (tests kill ranks to exercise restart)."""

@@ -99,6 +99,14 @@ class RemoveBlocks:
 
 
 @dataclass(slots=True)
+class ListBlocks:
+    """Reply with the blocks this rank stores (:meth:`TorchDataPlane.block_layout`; tests and debugging)."""
+
+    worker_id: int
+    token: int
+
+
+@dataclass(slots=True)
 class Regroup:
     """Re-form every process group under ``generation`` (after restarted ranks joined the world)."""
 
@@ -110,7 +118,9 @@ class Shutdown:
     pass
 
 
-Command = RunPrefill | Park | Activate | Assign | ExportBlocks | ImportBlocks | RemoveBlocks | Regroup | Shutdown
+Command = (
+    RunPrefill | Park | Activate | Assign | ExportBlocks | ImportBlocks | RemoveBlocks | ListBlocks | Regroup | Shutdown
+)
 
 
 # -- replies ---------------------------------------------------------------------------------------------
@@ -177,10 +187,18 @@ class Reports:
 
 
 @dataclass(slots=True)
+class BlockList:
+    token: int
+    worker_id: int
+    rank: int  # rank inside the worker
+    keys: tuple[int, ...]  # the blocks whose KV this rank stores
+
+
+@dataclass(slots=True)
 class RankFailed:
     rank: int  # global
     worker_id: int | None
     message: str
 
 
-Reply = Ready | EpochAck | PrefillDone | Parked | Exported | OpDone | Reports | RankFailed
+Reply = Ready | EpochAck | PrefillDone | Parked | Exported | OpDone | Reports | BlockList | RankFailed

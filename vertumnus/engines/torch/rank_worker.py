@@ -74,6 +74,7 @@ class RankWorker:
             m.ExportBlocks: self._export,
             m.ImportBlocks: self._import,
             m.RemoveBlocks: self._remove,
+            m.ListBlocks: self._list,
             m.Regroup: self._regroup,
         }
 
@@ -208,7 +209,9 @@ class RankWorker:
         """Split or merge in place: weights and this rank's blocks stay; only metadata and the group change.
 
         Every rank of the target contributes the rows of the blocks it owns (owner renumbered to its rank in
-        the target); the union is the target's index (duplicates after a merge keep one copy).
+        the target); the union is the target's index (duplicates after a merge keep one copy: the one on the
+        canonical rank, else the lowest). No block moves, and no cache report is sent: the cache manager
+        derives the same per-rank layout from the plan (:mod:`vertumnus.cache.reconfigure`).
         """
         src = self.group
         assert src is not None and any(s.worker_id == src.worker_id for s in cmd.sources)
@@ -271,3 +274,10 @@ class RankWorker:
             keys = tuple(dict.fromkeys([*cmd.keys, *removed]))
             reports.append(CacheReport(g.worker_id, CacheReportKind.REMOVED, keys, op_id=cmd.op_id))
         return [m.OpDone(cmd.op_id, g.worker_id, self.comm.rank, reports)]
+
+    def _list(self, cmd: m.ListBlocks) -> list[m.Reply]:
+        self._check(cmd.worker_id)
+        me = self.comm.rank
+        keys = tuple(k for k, _p, _d, owner, _t in self.index.rows() if owner == me)
+        assert set(keys) == set(self.blocks), f"rank {self.spec.rank}: index and stored tensors disagree"
+        return [m.BlockList(cmd.token, cmd.worker_id, me, keys)]
