@@ -119,6 +119,11 @@ def test_malformed_plans_are_rejected_without_changes() -> None:
     bad_degree = ReconfigPlan(ReconfigKind.SPLIT, (PARENT,), (LO, WorkerGroup(12, 0, 4, 2)), epoch=2)
     with pytest.raises(ValueError, match="malformed SPLIT"):
         m.on_reconfigure(bad_degree)
+    m.on_reconfigure(SPLIT)
+    not_halves = ReconfigPlan(ReconfigKind.MERGE, (LO, HI), (WorkerGroup(20, 0, 4, 8),), epoch=3)
+    with pytest.raises(ValueError, match="malformed MERGE"):
+        m.reconcile_traffic(not_halves)  # sources must be the target's two aligned halves
+    m = _manager()
     unknown = ReconfigPlan(ReconfigKind.MERGE, (LO, HI), (WorkerGroup(20, 0, 0, 8),), epoch=2)
     with pytest.raises(ValueError, match="not registered"):
         m.reconcile_traffic(unknown)

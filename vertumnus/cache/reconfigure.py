@@ -69,7 +69,7 @@ def _canonical(trie: Trie, rows: np.ndarray, degree: int) -> np.ndarray:
     return (trie.depth[rows].astype(np.int64) - 1) % degree
 
 
-def ranks(trie: Trie, w: WorkerInfo, phys: np.ndarray) -> np.ndarray:
+def block_ranks(trie: Trie, w: WorkerInfo, phys: np.ndarray) -> np.ndarray:
     """Rank inside ``w`` of each of its physical rows ``phys`` (ascending, as :func:`_split_marks` gives them)."""
     out = _canonical(trie, phys, w.degree)
     if w.displaced and phys.size:
@@ -85,7 +85,7 @@ def block_layout(trie: Trie, w: WorkerInfo) -> dict[int, int]:
     """Block key -> rank inside ``w`` for every block ``w`` physically has, as the manager believes it (tests
     compare it with the engine's layout)."""
     phys, _ = _split_marks(trie, w)
-    return dict(zip(trie.key[phys].tolist(), ranks(trie, w, phys).tolist(), strict=True))
+    return dict(zip(trie.key[phys].tolist(), block_ranks(trie, w, phys).tolist(), strict=True))
 
 
 def _finish(
@@ -127,7 +127,10 @@ def _validate(plan: ReconfigPlan, workers: WorkerTable) -> None:
         ok = len(plan.sources) == 2 and len(plan.targets) == 1
         if ok:
             (t,) = plan.targets
-            ok = all(s.node == t.node and 2 * s.degree == t.degree for s in plan.sources)
+            halves = sorted(s.first_rank for s in plan.sources)  # the target's two aligned halves
+            ok = halves == [t.first_rank, t.first_rank + t.degree // 2] and all(
+                s.node == t.node and 2 * s.degree == t.degree for s in plan.sources
+            )
     if not ok:
         raise ValueError(f"malformed {plan.kind.name} plan: sources {plan.sources}, targets {plan.targets}")
 
@@ -140,7 +143,7 @@ def layout(trie: Trie, workers: WorkerTable, plan: ReconfigPlan) -> list[TargetL
         srcs = [workers.by_id[g.worker_id] for g in plan.sources]
         parts = [_split_marks(trie, w) for w in srcs]
         ranked = [
-            (p, ranks(trie, w, p) + g.first_rank - tg.first_rank)
+            (p, block_ranks(trie, w, p) + g.first_rank - tg.first_rank)
             for g, w, (p, _) in zip(plan.sources, srcs, parts, strict=True)
         ]
         phys, rank = _union(trie, tg, ranked)
@@ -150,7 +153,7 @@ def layout(trie: Trie, workers: WorkerTable, plan: ReconfigPlan) -> list[TargetL
     (sg,) = plan.sources
     parent = workers.by_id[sg.worker_id]
     phys, assigned = _split_marks(trie, parent)
-    rank = ranks(trie, parent, phys) + sg.first_rank  # node-local ranks
+    rank = block_ranks(trie, parent, phys) + sg.first_rank  # node-local ranks
     targets = sorted(plan.targets, key=lambda g: g.first_rank)
     caps = [parent.capacity * t.degree // sg.degree for t in targets]
     mine = [(rank >= t.first_rank) & (rank < t.first_rank + t.degree) for t in targets]
