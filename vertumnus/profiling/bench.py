@@ -92,9 +92,10 @@ class FitBenchResult:
             + ("ok" if f.mape <= self.max_mape else "ABOVE")
             for f in self.fits
         ]
+        clock = "" if "clock" in self.hardware else f"; {self.timing} clock"
         out.append(
-            f"bench profile-fit: engine={self.engine} {self.points} points × {self.repeats} repeats, {self.timing} "
-            f"clock, in {self.wall_s:.1f} s (1-min load {self.load_before} → {self.load_after}; {self.hardware}): "
+            f"bench profile-fit: engine={self.engine} {self.points} points × {self.repeats} repeats in "
+            f"{self.wall_s:.1f} s (1-min load {self.load_before} → {self.load_after}; {self.hardware}{clock}): "
             + ("PASS" if self.ok else "FAIL")
         )
         return out
