@@ -230,6 +230,11 @@ class ServingConfig(_Section):
     engine_block_tokens: int = Field(16, ge=1, description="Engine KV block size (tokens).")
     default_max_tokens: int = Field(16, ge=1, description="max_tokens when a request does not set it.")
     startup_timeout_s: float = Field(600.0, gt=0, description="Seconds to wait for every rank to come up.")
+    test_hooks: bool = Field(
+        False,
+        description="Tests only: enable /v1/test/hold, /v1/test/release (hold prefills on workers until released) "
+        "and /v1/test/fail (fail a worker; it restarts empty); admin token required. Never set in production.",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Rank device: auto = one GPU per rank when the Ray cluster has GPUs, else CPU slots."
     )

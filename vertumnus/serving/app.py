@@ -12,6 +12,9 @@ Routes::
                                                  "Authorization: Bearer <serving.admin_token>" (403 when unset)
     GET  /v1/requests/{id}                       timing breakdown of a recent request
     GET  /v1/requests?limit=N                    the N most recent requests' breakdowns, newest first
+    POST /v1/test/hold, /v1/test/release         tests only (``serving.test_hooks: true``, admin token): hold /
+    GET  /v1/test/holds                          release prefills on workers, fail a worker (it restarts with an
+    POST /v1/test/fail                           empty cache); vertumnus/serving/holds.py
 
 The app owns no threads: the runtime, the pool and every engine callback run on uvicorn's event loop.
 """
@@ -29,9 +32,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from vertumnus.serving.errors import APIError, install_error_handlers
+from vertumnus.serving.holds import HoldAt, HookedDataPlane, PrefillHolds
 from vertumnus.serving.openai_api import OpenAIHandlers, parse_body
 from vertumnus.serving.runtime import ServingRuntime
-from vertumnus.serving.schemas import ModelCard, ModelList, ReconfigureRequest
+from vertumnus.serving.schemas import (
+    FailRequest,
+    HoldRequest,
+    ModelCard,
+    ModelList,
+    ReconfigureRequest,
+    ReleaseRequest,
+)
 from vertumnus.serving.tokenizer import make_tokenizer
 from vertumnus.types import ReconfigKind, ReconfigPlan
 
@@ -125,7 +136,52 @@ def create_app(
             await _wait_active(runtime, plan, cfg.serving.startup_timeout_s)
         return plan_json(plan)
 
+    if cfg.serving.test_hooks:
+        _add_test_hooks(app, runtime)
     return app
+
+
+def _add_test_hooks(app: FastAPI, runtime: ServingRuntime) -> None:
+    """The test-only hold / release endpoints (``serving.test_hooks``; admin token required)."""
+    token = runtime.cfg.serving.admin_token
+
+    def hooked(raw: Request) -> HookedDataPlane:
+        _check_admin(raw, token)
+        inner = getattr(runtime.data_plane, "inner", runtime.data_plane)
+        if not isinstance(inner, HookedDataPlane):
+            raise APIError(501, f"the {runtime.engine_name} engine has no test hooks", code="not_supported")
+        return inner
+
+    def holds(raw: Request) -> PrefillHolds:
+        return hooked(raw).holds
+
+    @app.post("/v1/test/hold")
+    async def hold(raw: Request) -> dict[str, Any]:
+        h = holds(raw)
+        body = await parse_body(raw, HoldRequest)
+        h.hold(body.workers, HoldAt.QUEUE if body.at == "queue" else HoldAt.START)
+        return h.state()
+
+    @app.post("/v1/test/release")
+    async def release(raw: Request) -> dict[str, Any]:
+        h = holds(raw)
+        body = await parse_body(raw, ReleaseRequest)
+        woken = h.release(body.workers)
+        return {**h.state(), "woken": woken}
+
+    @app.get("/v1/test/holds")
+    async def state(raw: Request) -> dict[str, Any]:
+        return holds(raw).state()
+
+    @app.post("/v1/test/fail")
+    async def fail(raw: Request) -> dict[str, Any]:
+        dp = hooked(raw)
+        body = await parse_body(raw, FailRequest)
+        try:
+            dp.fail_worker(body.worker, "failed by the test hook")
+        except KeyError:
+            raise APIError(404, f"no worker {body.worker}", param="worker", code="not_found") from None
+        return {"failed": body.worker}
 
 
 def _check_admin(raw: Request, token: str | None) -> None:

@@ -7,19 +7,23 @@ also its per-worker step FIFO types.
   destination's FIFO (it changes the replicated block index, so every rank must see it in the same order).
   Each destination rank receives the blocks it owns canonically: block at depth d goes to rank d mod C;
 - reclaim: RemoveBlocks through the destination's FIFO.
-Confirmation is the engine's own cache report carrying the op id (first rank), or ``cache_op_failed``.
+Confirmation is the engine's own cache report carrying the op id (first rank), or ``cache_op_failed`` — also
+when the op's step raises (the op fails visibly; nobody waits for a confirmation that cannot come).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from vertumnus.engines.torch.messages import Command, ExportBlocks, Exported, ImportBlocks, OpDone, RemoveBlocks, Reply
 from vertumnus.interfaces import EngineEvents, PrefillJob
 from vertumnus.types import CacheOp, CacheOpKind, WorkerGroup
+
+log = logging.getLogger("vertumnus.serving")
 
 
 @dataclass(slots=True)
@@ -74,9 +78,19 @@ class CacheOps:
             self.host.spawn_task(self._op_failed(op.op_id, "destination worker is gone"), "cache op")
             return
         if op.kind == CacheOpKind.RECLAIM:
-            self.host.enqueue(dst, StepItem(lambda: self._remove(dst, op)))
+            self.host.enqueue(dst, StepItem(lambda: self._guarded(op, self._remove(dst, op))))
         else:
-            self.host.enqueue(dst, StepItem(lambda: self.copy(op, dst)))
+            self.host.enqueue(dst, StepItem(lambda: self._guarded(op, self.copy(op, dst))))
+
+    async def _guarded(self, op: CacheOp, step: Coroutine[Any, Any, None]) -> None:
+        """Run one op's step; an unexpected exception fails the op (a dead worker is reported as such)."""
+        try:
+            await step
+        except WorkerFailed:
+            raise
+        except Exception as e:
+            log.exception("torch data plane: cache op %d failed", op.op_id)
+            self.host.events.cache_op_failed(op.op_id, f"{type(e).__name__}: {e}")
 
     async def _op_failed(self, op_id: int, reason: str) -> None:
         self.host.events.cache_op_failed(op_id, reason)

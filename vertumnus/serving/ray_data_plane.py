@@ -16,6 +16,12 @@ same command sequence (required: their block indexes are replicated and every co
   (``events.worker_failed``; the pool re-places its jobs); ``restart`` respawns dead ranks, moves the whole
   world to a new generation (newcomers connect, survivors Regroup — through their worker's FIFO, at a step
   boundary) and assigns the worker again under its new epoch with an empty cache.
+- errors: every background task belongs to something that fails visibly when the task raises — a prefill's
+  request (``prefill_done`` with ``ok=False``: the client gets a 500), a cache op (``cache_op_failed``), a
+  worker (FAILED: its jobs are re-placed), the targets of an activation (FAILED), the start-up (``startup_error``,
+  which the runtime raises at once instead of waiting out its start-up timeout).
+- test hook (``serving.test_hooks``, vertumnus/serving/holds.py): a held worker does not start, or does not run,
+  its next prefill until released.
 Re-entrancy: no DataPlane method calls back into the pool synchronously; all work runs in loop tasks.
 """
 
@@ -44,6 +50,7 @@ from vertumnus.engines.torch.messages import (
 from vertumnus.interfaces import EngineEvents, PrefillJob
 from vertumnus.serving.decode_engine import KVHandle
 from vertumnus.serving.handoff import Handoff
+from vertumnus.serving.holds import HoldAt, PrefillHolds
 from vertumnus.serving.hosting import RayHosting
 from vertumnus.serving.ray_cache_ops import CacheOps, StepItem, WorkerFailed, WorkerLane
 from vertumnus.serving.ray_ranks import RankSet
@@ -68,6 +75,9 @@ class RayDataPlane:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._world = asyncio.Lock()  # generation changes and restarts, one at a time
         self._ops = CacheOps(self)
+        self.holds = PrefillHolds()
+        self.holds.on_release = self._pump_all
+        self.startup_error: BaseException | None = None
 
     # -- plumbing -------------------------------------------------------------------------------------------
     @property
@@ -75,12 +85,19 @@ class RayDataPlane:
         assert self._events is not None, "start() not called"
         return self._events
 
-    def spawn_task(self, coro: Awaitable[Any], what: str) -> None:
+    def spawn_task(
+        self, coro: Awaitable[Any], what: str, on_error: Callable[[BaseException], None] | None = None
+    ) -> None:
+        """Run ``coro`` on the loop. An exception is logged and handed to ``on_error``, which fails what the task
+        belongs to (a request, an op, a worker) so that nobody waits for it; tasks without an owner only log."""
+
         async def guarded() -> None:
             try:
                 await coro
-            except Exception:
+            except Exception as e:
                 log.exception("torch data plane: %s failed", what)
+                if on_error is not None:
+                    on_error(e)
 
         task = asyncio.get_running_loop().create_task(guarded())
         self._tasks.add(task)
@@ -98,20 +115,35 @@ class RayDataPlane:
         self._pump(w)
 
     def _pump(self, w: WorkerLane) -> None:
-        """Start the next runnable item (prefills wait while the worker parks)."""
+        """Start the next runnable item (prefills wait while the worker parks or is held at QUEUE)."""
         if w.busy or w.failed or not w.queue:
             return
-        if w.parking and w.queue[0].job is not None:
+        if w.queue[0].job is not None and (w.parking or self.holds.mode(w.group.worker_id) == HoldAt.QUEUE):
             return
         item = w.queue.popleft()
         w.busy = True
         self.spawn_task(self._run(w, item), f"worker {w.group.worker_id} step")
+
+    def fail_worker(self, worker_id: int, reason: str) -> None:
+        """Test hook: fail ``worker_id`` as a dead rank would (the pool re-places its jobs and restarts it with
+        an empty cache under a new epoch)."""
+        w = self.workers.get(worker_id)
+        if w is None:
+            raise KeyError(worker_id)
+        self._fail(w, reason)
+
+    def _pump_all(self) -> None:
+        for w in list(self.workers.values()):
+            self._pump(w)
 
     async def _run(self, w: WorkerLane, item: StepItem) -> None:
         try:
             await item.run()
         except WorkerFailed:
             pass  # already reported
+        except Exception as e:  # a bug in a step: the worker is in an unknown state, so it fails (visibly)
+            log.exception("torch data plane: step on worker %d failed", w.group.worker_id)
+            self._fail(w, f"step raised {type(e).__name__}: {e}")
         finally:
             w.busy = False
             self._pump(w)
@@ -162,7 +194,10 @@ class RayDataPlane:
     # -- DataPlane: lifecycle -------------------------------------------------------------------------------
     def start(self, groups: Sequence[WorkerGroup], epoch: int, events: EngineEvents) -> None:
         self._events = events
-        self.spawn_task(self._start(list(groups), epoch), "start-up")
+        self.spawn_task(self._start(list(groups), epoch), "start-up", self._startup_failed)
+
+    def _startup_failed(self, e: BaseException) -> None:
+        self.startup_error = e
 
     async def _start(self, groups: list[WorkerGroup], epoch: int) -> None:
         async with self._world:
@@ -235,6 +270,20 @@ class RayDataPlane:
         req, wid = job.request, w.group.worker_id
         started = self.clock()
         self.events.prefill_started(wid, req.request_id, started)
+        try:
+            await self._prefill_steps(w, job, started)
+        except WorkerFailed:
+            raise  # the worker failed: the pool re-places this job with the others
+        except Exception as e:  # this request cannot be served as asked: fail it, not the whole worker
+            log.exception("torch data plane: prefill of %s on worker %d failed", req.request_id, wid)
+            err = f"{type(e).__name__}: {e}"
+            self.events.prefill_done(PrefillResult(req.request_id, wid, 0, started, self.clock(), ok=False, error=err))
+
+    async def _prefill_steps(self, w: WorkerLane, job: PrefillJob, started: float) -> None:
+        req, wid = job.request, w.group.worker_id
+        await self.holds.at_start(wid, req.request_id)
+        if w.failed:
+            return  # failed while held: the pool has re-placed the job already
         if job.reconcile is not None:
             await self._ops.copy(job.reconcile, w)
         ids = list(req.token_ids or ())
@@ -265,7 +314,14 @@ class RayDataPlane:
         self.events.worker_parked(w.group.worker_id, self.clock())
 
     def activate(self, plan: ReconfigPlan) -> None:
-        self.spawn_task(self._activate(plan), f"activation of epoch {plan.epoch}")
+        what = f"activation of epoch {plan.epoch}"
+        self.spawn_task(self._activate(plan), what, lambda e: self._fail_targets(plan, e))
+
+    def _fail_targets(self, plan: ReconfigPlan, e: BaseException) -> None:
+        for t in plan.targets:
+            w = self.workers.get(t.worker_id)
+            if w is not None:
+                self._fail(w, f"activation failed: {type(e).__name__}: {e}")
 
     async def _activate(self, plan: ReconfigPlan) -> None:
         for s in plan.sources:

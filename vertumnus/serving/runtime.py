@@ -99,6 +99,9 @@ class ServingRuntime:
         self.pool.start()
         deadline = self.clock() + timeout_s
         while not all(r.state == "active" for r in self.worker_rows()):
+            failed = getattr(self.data_plane.inner, "startup_error", None)  # engines that can fail to start
+            if failed is not None:
+                raise RuntimeError(f"the data plane failed to start: {type(failed).__name__}: {failed}") from failed
             if self.clock() > deadline:
                 raise RuntimeError("prefill workers did not become ACTIVE in time: " + repr(self.worker_rows()))
             await asyncio.sleep(0.05)

@@ -160,6 +160,25 @@ class ReconfigureRequest(_Body):
     wait: bool = False  # answer only once the target workers are ACTIVE
 
 
+class HoldRequest(_Body):
+    """``POST /v1/test/hold`` (``serving.test_hooks`` only): hold these workers (omitted: every worker)."""
+
+    workers: list[int] | None = None
+    at: Literal["queue", "start"] = "queue"
+
+
+class ReleaseRequest(_Body):
+    """``POST /v1/test/release``: remove the holds of these workers (omitted: every hold)."""
+
+    workers: list[int] | None = None
+
+
+class FailRequest(_Body):
+    """``POST /v1/test/fail``: fail this worker as a dead rank would (it restarts with an empty cache)."""
+
+    worker: int
+
+
 class ErrorInfo(BaseModel):
     message: str
     type: str
