@@ -35,10 +35,12 @@ from vertumnus.profiling.measure import (
     measure_grid,
     plot_path,
     read_samples,
+    read_samples_header,
     samples_path,
     with_statistic,
     write_samples,
 )
+from vertumnus.profiling.provenance import of_samples, of_target, save_profile
 from vertumnus.profiling.report import explain_bad_fit, plot_fit
 from vertumnus.profiling.targets import ProfilingTarget
 
@@ -69,6 +71,8 @@ class ProfileOptions:
     capacity_engine: str = "model"
     capacity_requests: int | None = None  # None: the whole trace (model) / 200 (real)
     from_samples: Path | None = None  # re-fit a samples CSV instead of measuring (grid options ignored)
+    # --from-samples only: labels (source / engine / model / hardware) overriding the samples CSV's header
+    labels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.out.suffix not in (".yaml", ".yml"):
@@ -77,6 +81,9 @@ class ProfileOptions:
             raise ValueError(f"--max-mape must be > 0, got {self.max_mape}")
         if self.capacity_engine not in CAPACITY_ENGINES:
             raise ValueError(f"--capacity-engine must be one of {', '.join(CAPACITY_ENGINES)}")
+        if self.labels and self.from_samples is None:
+            flags = ", ".join(f"--{k}" for k in sorted(self.labels))
+            raise ValueError(f"{flags}: provenance labels apply to --from-samples only (a measurement labels itself)")
 
 
 @dataclass(slots=True)
@@ -105,9 +112,11 @@ def run_profile(
     ``controlled``, not ``measured``.
     """
     controlled = timer is not None and opts.from_samples is None
+    today = dt.date.today().isoformat()
     if opts.from_samples is None:
         load_before = _loadavg()
         rows = measure_grid(target, spec, on_step, timer)
+        prov = of_target(target, today, controlled)
         where = f"1-min load average {_loadavg()} after measuring (before: {load_before})"
         grid = (
             f"grid: degrees {list(spec.degrees)}, lengths {list(spec.lengths)}, prefix ratios "
@@ -116,26 +125,21 @@ def run_profile(
         )
     else:
         rows = with_statistic(read_samples(opts.from_samples), spec.statistic)
-        where = f"re-fitted from {opts.from_samples.name}, measured earlier"
+        # The samples' own labels (CSV header, then flags), never the target's: it did not produce them.
+        prov = of_samples(read_samples_header(opts.from_samples), opts.labels, opts.from_samples.name)
+        where = f"re-fitted from {opts.from_samples.name}, taken {prov.date}"
         grid = f"{len(rows)} grid points from {opts.from_samples.name}; {spec.statistic} of their repeats"
-    profile, fits = fit_profile(
-        [m.sample() for m in rows],
-        engine=target.engine,
-        model=target.model,
-        hardware=target.hardware,
-        date=dt.date.today().isoformat(),
-        source="controlled" if controlled else "simulated" if target.engine == "sim" else "measured",
-    )
+    profile, fits = fit_profile([m.sample() for m in rows], date=today, **prov.profile_labels())
     profile.kappa_window_s = cfg.controller.window_s
     run = ProfileRun(profile, fits, rows)
     csv_path, png_path = samples_path(opts.out), plot_path(opts.out)
-    write_samples(csv_path, rows)
+    write_samples(csv_path, rows, prov.header())
     plot_fit(profile, rows, png_path)
     run.written += [csv_path, png_path]
     bad = explain_bad_fit(profile, rows, opts.max_mape)
     if bad and not opts.force:
         raise FitRejected(bad, opts.max_mape, run)
-    notes = [grid, f"samples: {csv_path.name}; fit plot: {png_path.name}; {where}"]
+    notes = [*prov.notes, grid, f"samples: {csv_path.name}; fit plot: {png_path.name}; {where}"]
     if controlled:
         notes.append("timings: from a controlled timer; the engine ran every point but its clock was not recorded")
     if bad:
@@ -154,7 +158,7 @@ def run_profile(
     else:
         notes.append("kappa not measured (no --trace)")
     profile.notes = "\n".join(notes)
-    profile.save(opts.out)
+    save_profile(profile, opts.out)
     run.written.insert(0, opts.out)
     return run
 

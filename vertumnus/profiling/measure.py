@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import csv
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
@@ -35,6 +35,7 @@ Timer = Callable[["GridPoint", float], float]
 """``timer(point, engine_s)`` → the seconds recorded for one timed run of ``point`` (``engine_s``: the target's)."""
 CSV_FIELDS = ("degree", "length", "prefix_ratio", "r", "p", "seconds", "median_s", "min_s", "max_s", "repeats")
 STATISTICS = ("median", "min")
+SAMPLES_COMMENT = "#"  # provenance lines above the CSV columns start with this (write_samples header)
 
 
 @dataclass(slots=True, frozen=True)
@@ -195,15 +196,42 @@ def plot_path(profile_path: str | Path) -> Path:
     return p.with_name(p.stem + ".fit.png")
 
 
-def write_samples(path: str | Path, rows: Sequence[Measurement]) -> None:
-    """Write the measurements (one row per grid point) as CSV with a header."""
+def write_samples(
+    path: str | Path, rows: Sequence[Measurement], header: Mapping[str, str | Sequence[str]] | None = None
+) -> None:
+    """Write the measurements (one row per grid point) as CSV with a header.
+
+    ``header``: provenance lines written first as ``# key: value`` comments (a list value repeats its key, one
+    line per item; :mod:`vertumnus.profiling.provenance`), read back by :func:`read_samples_header`.
+    """
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="", encoding="utf-8") as f:
+        for key, value in (header or {}).items():
+            for v in [value] if isinstance(value, str) else value:
+                f.write(f"{SAMPLES_COMMENT} {key}: {' '.join(str(v).split())}\n")
         w = csv.writer(f)
         w.writerow(CSV_FIELDS)
         for m in rows:
             pt = m.point
             w.writerow((pt.degree, pt.length, pt.prefix_ratio, pt.r, pt.p, *_times(m), m.repeats))
+
+
+def read_samples_header(path: str | Path) -> dict[str, str | list[str]]:
+    """The ``# key: value`` provenance lines above a samples CSV's columns (``note`` as a list; {} if none)."""
+    out: dict[str, str | list[str]] = {}
+    notes: list[str] = []
+    with Path(path).open(encoding="utf-8") as f:
+        for line in f:
+            if not line.startswith(SAMPLES_COMMENT):
+                break
+            key, _, value = line[len(SAMPLES_COMMENT) :].strip().partition(":")
+            if key.strip() == "note":
+                notes.append(value.strip())
+            elif key.strip():
+                out[key.strip()] = value.strip()
+    if notes:
+        out["note"] = notes
+    return out
 
 
 def read_samples(path: str | Path) -> list[Measurement]:
@@ -213,19 +241,21 @@ def read_samples(path: str | Path) -> list[Measurement]:
         raise ValueError(f"samples file not found: {p}")
     out: list[Measurement] = []
     with p.open(newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f)
-        missing = set(CSV_FIELDS) - set(reader.fieldnames or ())
-        if missing:
-            raise ValueError(f"{p}: missing columns {sorted(missing)}")
-        for no, row in enumerate(reader, start=2):
-            try:
-                pt = GridPoint(
-                    int(row["degree"]), int(row["length"]), float(row["prefix_ratio"]), int(row["r"]), int(row["p"])
-                )
-                secs, med, lo, hi = (float(row[k]) for k in ("seconds", "median_s", "min_s", "max_s"))
-                out.append(Measurement(pt, secs, med, lo, hi, int(row["repeats"])))
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"{p}: line {no}: {e}") from None
+        lines = f.readlines()
+    skip = next((i for i, line in enumerate(lines) if not line.startswith(SAMPLES_COMMENT)), len(lines))
+    reader = csv.DictReader(lines[skip:])
+    missing = set(CSV_FIELDS) - set(reader.fieldnames or ())
+    if missing:
+        raise ValueError(f"{p}: missing columns {sorted(missing)}")
+    for no, row in enumerate(reader, start=skip + 2):
+        try:
+            pt = GridPoint(
+                int(row["degree"]), int(row["length"]), float(row["prefix_ratio"]), int(row["r"]), int(row["p"])
+            )
+            secs, med, lo, hi = (float(row[k]) for k in ("seconds", "median_s", "min_s", "max_s"))
+            out.append(Measurement(pt, secs, med, lo, hi, int(row["repeats"])))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{p}: line {no}: {e}") from None
     return out
 
 

@@ -108,7 +108,24 @@ def profile_table(profile: CostProfile, title: str | None = None) -> Table:
         f"source: {profile.source} · engine: {profile.engine} · model: {profile.model}\n"
         f"hardware: {profile.hardware} · date: {profile.date}"
     )
+    warning = source_warning(profile)
+    if warning:
+        t.caption += "\n" + warning
     return t
+
+
+def source_warning(profile: CostProfile) -> str:
+    """One line saying a profile's numbers were not measured (``""`` for measured / simulated / controlled)."""
+    if profile.source == "modelled":
+        return (
+            f"MODELLED by {profile.engine}, NOT MEASURED OR CALIBRATED: predicted kernel sums (optimistic), "
+            "extrapolated beyond the model's data range (see notes)"
+        )
+    if profile.source == "calibrated":
+        return "CALIBRATED, NOT MEASURED: coefficients chosen to match published figures (see notes)"
+    if profile.source == "unknown":
+        return "PROVENANCE UNKNOWN: the samples this profile was fitted to did not record where they came from"
+    return ""
 
 
 def region_table(profile: CostProfile, rows: Sequence[Measurement]) -> Table:
@@ -149,7 +166,7 @@ def plot_fit(profile: CostProfile, rows: Sequence[Measurement], path: str | Path
         ax.set_ylim(lo, hi)
         mape = profile.degrees[c].mape
         ax.set_title(f"C = {c}" + ("" if mape is None else f"  (MAPE {mape:.1%})"))
-        ax.set_xlabel("measured prefill time (s)")
+        ax.set_xlabel(f"{'modelled' if profile.source == 'modelled' else 'measured'} prefill time (s)")
         ax.set_ylabel("predicted Ê (s)")
         ax.legend(loc="upper left", fontsize=8)
         ax.grid(True, which="both", alpha=0.3)

@@ -6,22 +6,29 @@ measurement loop (:mod:`vertumnus.profiling.measure`) owns warm-up, repeats and 
 how to bring a worker of one degree up (``setup``), time one prefill (``measure``) and take it down
 (``teardown``).
 
-Engine-specific imports (torch, vLLM, Ray) live in the engine's own target module and are imported only when
-that engine is asked for: this package imports neither torch nor ray at module level.
+Engine-specific imports (torch, vLLM, Ray, AIConfigurator) live in the engine's own target module and are
+imported only when that engine is asked for: this package imports neither torch nor ray at module level.
+
+A target may also say where its numbers come from beyond ``engine/model/hardware``: a ``source`` attribute
+(default ``measured``; the sim engine ``simulated``, AIConfigurator ``modelled``) and ``notes`` lines that the
+profile and its samples CSV carry (:func:`target_source`, :func:`target_notes`).
 """
 
 from __future__ import annotations
 
 import os
 import platform
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 from vertumnus.config import VertumnusConfig
 from vertumnus.profiling.cost_model import CostModel, CostProfile
 
-ENGINES = ("sim", "torch", "vllm")
+if TYPE_CHECKING:
+    from vertumnus.profiling.aic_target import AicSpec
+
+ENGINES = ("sim", "torch", "vllm", "aiconfigurator")
 
 
 @runtime_checkable
@@ -33,7 +40,7 @@ class ProfilingTarget(Protocol):
     cached *before* the clock starts), in seconds, > 0.
     """
 
-    engine: str  # "sim" | "torch" | "vllm"
+    engine: str  # "sim" | "torch" | "vllm" | "aiconfigurator"
     model: str  # what was measured (model name and size)
     hardware: str  # where it was measured
     prefix_align: int  # cached prefixes are multiples of this many tokens (engine cache block)
@@ -44,6 +51,18 @@ class ProfilingTarget(Protocol):
     def measure(self, degree: int, r: int, p: int) -> float: ...
 
     def teardown(self, degree: int) -> None: ...
+
+
+def target_source(target: ProfilingTarget) -> str:
+    """What kind of numbers the target produces: its ``source`` attribute, else ``measured``."""
+    src = getattr(target, "source", None)
+    return src if isinstance(src, str) and src else "measured"
+
+
+def target_notes(target: ProfilingTarget) -> list[str]:
+    """Provenance lines the target wants kept with its numbers (its ``notes`` attribute, if any)."""
+    notes = getattr(target, "notes", None)
+    return [str(n) for n in notes] if isinstance(notes, (list, tuple)) else []
 
 
 def cpu_description() -> str:
@@ -74,6 +93,7 @@ class SimTarget:
     """
 
     engine = "sim"
+    source = "simulated"
     prefix_align = 1
 
     def __init__(self, profile: CostProfile, noise: float = 0.0, seed: int = 0, max_tokens: int = 1 << 20) -> None:
@@ -108,14 +128,22 @@ def make_target(
     seed: int = 0,
     profile: CostProfile | None = None,
     timing: str = "wall",
+    aic: AicSpec | None = None,
 ) -> ProfilingTarget:
     """The target for ``engine`` built from ``cfg`` (engine modules are imported only here, lazily).
 
     ``profile``: the sim engine's planted profile (default: ``cfg.cost_model.profile``). ``timing``: the torch
-    engine's clock (``wall`` | ``cpu``, see :mod:`vertumnus.profiling.torch_target`).
+    engine's clock (``wall`` | ``cpu``, see :mod:`vertumnus.profiling.torch_target`). ``aic``: what
+    AIConfigurator models (model, system, backend, MoE layout), required for ``engine="aiconfigurator"``.
     """
     if timing != "wall" and engine != "torch":
         raise ValueError("--timing cpu applies to the torch engine only")
+    if (aic is not None) != (engine == "aiconfigurator"):
+        raise ValueError(
+            "--engine aiconfigurator needs --model and --system (and --backend)"
+            if aic is None
+            else "--system / --backend / --moe apply to --engine aiconfigurator only"
+        )
     if engine == "sim":
         prof = profile or CostProfile.load(cfg.resolve_path(cfg.cost_model.profile))
         return SimTarget(prof, noise=noise, seed=seed, max_tokens=cfg.pool.max_model_len)
@@ -129,4 +157,9 @@ def make_target(
         from vertumnus.profiling.vllm_target import VllmTarget
 
         return VllmTarget(cfg)
+    if engine == "aiconfigurator":
+        from vertumnus.profiling.aic_target import AicTarget
+
+        assert aic is not None
+        return AicTarget(aic)
     raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
