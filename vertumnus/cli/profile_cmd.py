@@ -21,6 +21,7 @@ from vertumnus.profiling.report import profile_table, region_table
 from vertumnus.profiling.targets import ENGINES, ProfilingTarget, make_target
 
 if TYPE_CHECKING:
+    from vertumnus.profiling.aic_target import AicSpec
     from vertumnus.profiling.calibrate import CalibrationSpec, Trial
     from vertumnus.types import Request
 
@@ -49,7 +50,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     @app.command("profile")
     def profile(
         config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (pool, model, SLO, window)."),
-        engine: str = typer.Option("sim", "--engine", "-e", help=f"Engine to measure: {'|'.join(ENGINES)}."),
+        engine: str | None = typer.Option(
+            None, "--engine", "-e", help=f"Engine to profile: {'|'.join(ENGINES)} (default sim)."
+        ),
         degrees: str | None = typer.Option(None, help="CP degrees, e.g. 1,2,4 (default: pool.degrees)."),
         lengths: str | None = typer.Option(None, help="Prompt lengths L (default: powers of two up to the max)."),
         prefix_ratios: str = typer.Option("0,0.25,0.5,0.75", help="Cached-prefix ratios P/L in [0, 1)."),
@@ -69,6 +72,15 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         from_samples: Path | None = typer.Option(
             None, help="Re-fit this samples CSV (with --statistic) instead of measuring; grid options are ignored."
         ),
+        model: str | None = typer.Option(
+            None, help="aiconfigurator: the model AIC predicts (e.g. Qwen/Qwen3-30B-A3B); --from-samples: a label."
+        ),
+        system: str | None = typer.Option(None, help="aiconfigurator: the system (GPU) in AIC's database (h200_sxm)."),
+        backend: str | None = typer.Option(None, help="aiconfigurator: sglang (CP modelled) | vllm | trtllm."),
+        moe: str = typer.Option("ep", help="aiconfigurator: MoE layers over a worker's C GPUs: ep | tp."),
+        backend_version: str | None = typer.Option(None, help="aiconfigurator: database version (default: AIC's)."),
+        source: str | None = typer.Option(None, help="--from-samples: the samples' source label (overrides the CSV)."),
+        hardware: str | None = typer.Option(None, help="--from-samples: the samples' hardware label."),
     ) -> None:
         """Measure an engine queue-free, fit E_C per degree, compute κ_C, and write a cost profile."""
         console = _console()
@@ -77,8 +89,10 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             return
         if out is None:
             raise ValueError("--out is required (e.g. --out configs/profiles/NAME.yaml), or use --show FILE")
+        labels = _labels(from_samples, engine, model, source, hardware)
+        aic = _aic_spec(engine, model, system, backend, moe, backend_version, from_samples)
         cfg = load_config(config)
-        target = make_target(engine, cfg, noise=noise, seed=seed, timing=timing)
+        target = make_target(engine or "sim", cfg, noise=noise, seed=seed, timing=timing, aic=aic)
         max_tokens = min(cfg.pool.max_model_len, target.max_tokens)
         spec = GridSpec(
             degrees=parse_int_list(degrees, "--degrees") if degrees else tuple(cfg.pool.degrees),
@@ -89,8 +103,13 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             seed=seed,
             statistic=statistic,
         )
+        if aic is not None and from_samples is None:
+            for c in spec.degrees:  # AIC builds every degree's model first: a refusal comes before any modelling
+                target.setup(c)
         trace_path = _trace_path(cfg, trace)
-        opts = ProfileOptions(out, max_mape, force, trace_path, capacity_engine, capacity_requests, from_samples)
+        opts = ProfileOptions(
+            out, max_mape, force, trace_path, capacity_engine, capacity_requests, from_samples, labels
+        )
         run_and_report(target, spec, cfg, opts, console)
 
     @app.command("calibrate")
@@ -161,6 +180,44 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         for f in run.fits:
             console.print(f"bench profile: engine={engine} C={f.degree} MAPE={f.mape:.2%} max_error={f.max_error:.2%}")
         console.print(f"bench profile: {len(run.measurements)} points × {repeats} repeats in {wall:.1f} s")
+
+
+def _labels(
+    from_samples: Path | None, engine: str | None, model: str | None, source: str | None, hardware: str | None
+) -> dict[str, str]:
+    """--from-samples: the provenance labels given on the command line (they override the CSV's header)."""
+    if from_samples is None:
+        if source or hardware:
+            raise ValueError("--source / --hardware label re-fitted samples: they apply to --from-samples only")
+        return {}
+    given = {"source": source, "engine": engine, "model": model, "hardware": hardware}
+    return {k: v for k, v in given.items() if v}
+
+
+def _aic_spec(
+    engine: str | None,
+    model: str | None,
+    system: str | None,
+    backend: str | None,
+    moe: str,
+    version: str | None,
+    from_samples: Path | None,
+) -> AicSpec | None:
+    """What AIConfigurator should model (``--engine aiconfigurator``); None for the other engines."""
+    from vertumnus.profiling.aic_target import AicSpec
+
+    if engine != "aiconfigurator":
+        if system or backend or version or moe != "ep":
+            raise ValueError("--system / --backend / --moe / --backend-version apply to --engine aiconfigurator only")
+        if model and from_samples is None:
+            raise ValueError(
+                "--model applies to --engine aiconfigurator (the model it predicts) or --from-samples (a label); "
+                "the torch and vLLM engines take the model from the config"
+            )
+        return None
+    if not model or not system:
+        raise ValueError("--engine aiconfigurator needs --model (e.g. Qwen/Qwen3-30B-A3B) and --system (e.g. h200_sxm)")
+    return AicSpec(model=model, system=system, backend=backend or "sglang", moe=moe, version=version)
 
 
 def _trace_path(cfg: VertumnusConfig, trace: str | None) -> Path | None:
