@@ -64,6 +64,22 @@ class Reference:
         return n
 
 
+def _assert_surplus_replicas_are_scanned(m: CacheManager) -> None:
+    """A block with two or more valid copies where some holder keeps no valid / pending block below it could
+    be reclaimed there (access 0 < r·θ_reclaim even without statistics): the scan must see it, i.e. it is
+    active."""
+    t = m.trie
+    assert t.words == 1
+    for row in t.index.values():
+        if int(t.rc[:, row].sum()) < 2:
+            continue
+        below = 0
+        for c in t.children(row):
+            below |= int(t.holders[c, 0]) | int(t.pending[c, 0])
+        if int(t.holders[row, 0]) & ~below:
+            assert row in t.active, f"row {row}: a surplus replica the scan cannot see"
+
+
 def _run(seed: int, steps: int) -> None:
     rng = random.Random(seed)
     prompts = [keys_from_hash_ids([rng.randrange(3) for _ in range(rng.randint(1, 6))]) for _ in range(40)]
@@ -116,6 +132,7 @@ def _run(seed: int, steps: int) -> None:
         for x in WORKERS:
             assert m.cached_blocks(x) == len(ref.blocks[x])
         m.check_invariants()
+        _assert_surplus_replicas_are_scanned(m)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -165,3 +182,4 @@ def test_random_traffic_across_splits_and_merges_keeps_invariants() -> None:
         assert all(got.held_blocks.get(w, 0) <= n for w, n in got.pending_blocks.items())
         assert set(got.held_blocks) <= set(got.pending_blocks)
         m.check_invariants()
+        _assert_surplus_replicas_are_scanned(m)

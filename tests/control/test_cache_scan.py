@@ -229,3 +229,59 @@ def test_the_last_valid_copy_is_left_to_the_engines_lru() -> None:
     _place(m, (7,), 1, 4)  # access 1.5 < 2 replicas × 1
     assert [(op.kind, op.dst_worker) for op in m.scan(15.0, {})] == [(CacheOpKind.RECLAIM, 1)]
     m.check_invariants()
+
+
+# -- replicas without statistics ----------------------------------------------------------------------------------
+def test_a_prefix_computed_twice_and_never_reused_is_reclaimed_block_by_block() -> None:
+    """Two workers computed (7, 8) independently; nobody reused it since, so it has no statistics: access 0 <
+    2 replicas × θ_reclaim at CP4. Reclamation takes the deepest block first (the victim keeps nothing below
+    it), then its parent once the deletion is confirmed, and stops at the last copy."""
+    m = _manager(max_ops=3)
+    m.add_worker(1, 4, 0, 100)
+    m.add_worker(2, 4, 0, 100)
+    _stored(m, 1, (51,))  # pressure: w1 3/100 > w2 2/100
+    _stored(m, 1, (7, 8))
+    _stored(m, 2, (7, 8))
+    assert m.node_stats(8) == ({4: 0.0, 8: 0.0}, {4: 0.0, 8: 0.0})
+    ops = m.scan(5.0, {})
+    assert _brief(ops) == [(1, "RECLAIM", 1, None, (7, 8), 1, False, False)]  # block 7: both keep 8 below
+    m.apply_report(CacheReport(1, CacheReportKind.REMOVED, (8,), op_id=ops[0].op_id))
+    ops = m.scan(10.0, {})
+    assert _brief(ops) == [(2, "RECLAIM", 1, None, (7,), 0, False, False)]  # w2 keeps 8 below 7
+    m.apply_report(CacheReport(1, CacheReportKind.REMOVED, (7,), op_id=ops[0].op_id))
+    assert m.match((7, 8)).held_blocks == {2: 2}
+    assert m.scan(15.0, {}) == []  # one copy left: the engines' LRU decides
+    assert m.stats()["active_nodes"] == 0 and m.stats()["reclamations_confirmed"] == 2
+    m.check_invariants()
+
+
+def test_a_replica_loses_its_last_block_below_and_becomes_a_candidate_again() -> None:
+    m = _manager(max_ops=3)
+    m.add_worker(1, 4, 0, 100)
+    m.add_worker(2, 4, 0, 100)
+    _stored(m, 1, (1, 2, 3))
+    _stored(m, 2, (1, 2, 4))
+    assert m.scan(5.0, {}) == []  # 1 and 2 have two copies, but each holder keeps a block below them
+    assert m.stats()["active_nodes"] == 0  # nothing to look at until that changes
+    m.apply_report(CacheReport(2, CacheReportKind.REMOVED, (4,)))  # w2's LRU evicts block 4
+    assert m.stats()["active_nodes"] == 1
+    assert _brief(m.scan(10.0, {})) == [(1, "RECLAIM", 2, None, (1, 2), 1, False, False)]
+    m.check_invariants()
+
+
+def test_replicas_no_victim_can_give_up_do_not_crowd_out_one_that_can() -> None:
+    """Twenty shared blocks (a system prompt) held by two workers that each keep their own continuation below
+    it rank first (access 0, deeper) but can never yield a victim; the cut to ATTEMPTS_PER_OP × max_ops (16)
+    candidates must not lose the reclaimable duplicate (7,) behind them."""
+    m = _manager(max_ops=1)
+    m.add_worker(1, 4, 0, 100)
+    m.add_worker(2, 4, 0, 100)
+    trunk = tuple(range(101, 121))
+    _stored(m, 1, (*trunk, 121))
+    _stored(m, 2, (*trunk, 131))
+    _stored(m, 1, (7,))
+    _stored(m, 2, (7,))
+    assert m.stats()["active_nodes"] == 21
+    assert _brief(m.scan(5.0, {})) == [(1, "RECLAIM", 1, None, (7,), 0, False, False)]
+    assert m.stats()["active_nodes"] == 1  # the trunk leaves the active set until a holder loses its block below
+    m.check_invariants()

@@ -1,10 +1,14 @@
-"""The trie rows with live statistics (DESIGN.md §3): what the periodic scan and the decay touch.
+"""The trie rows with live statistics or surplus replicas (DESIGN.md §3): what the periodic scan and the decay
+touch.
 
 A flag per row plus the arrays of rows flagged since the last snapshot, so a placement marks its path with a few
 vector operations (no per-block set insertions) and a snapshot costs O(active rows), never O(trie size).
 
 Invariants:
   * ``flag[r]`` ⇔ row r is active; ``n`` = number of flagged rows;
+  * ``stuck[r]``: the scan found that every holder of row r keeps a valid / pending block below it, so no
+    reclamation can take r until that changes (:mod:`.marks` clears it when r gains a holder or a holder of
+    r loses its blocks below); a freed row is never stuck;
   * every flagged row is in ``_rows`` or in one of the ``_new`` arrays (they may also hold stale rows — since
     unflagged, freed or recycled — and duplicates: a snapshot filters by ``flag`` and deduplicates).
 """
@@ -21,10 +25,11 @@ _EMPTY = np.zeros(0, np.int64)
 class ActiveRows:
     """Set of active trie rows (see the module docstring)."""
 
-    __slots__ = ("_new", "_rows", "flag", "n")
+    __slots__ = ("_new", "_rows", "flag", "n", "stuck")
 
     def __init__(self, capacity: int) -> None:
         self.flag = np.zeros(capacity, bool)
+        self.stuck = np.zeros(capacity, bool)
         self.n = 0
         self._rows = _EMPTY  # sorted distinct rows as of the last snapshot
         self._new: list[np.ndarray] = []  # rows flagged since
@@ -34,6 +39,9 @@ class ActiveRows:
         flag = np.zeros(capacity, bool)
         flag[: self.flag.size] = self.flag
         self.flag = flag
+        stuck = np.zeros(capacity, bool)
+        stuck[: self.stuck.size] = self.stuck
+        self.stuck = stuck
 
     def __len__(self) -> int:
         return self.n
@@ -61,7 +69,8 @@ class ActiveRows:
         self.n -= int(rows.size)
 
     def discard(self, row: int) -> None:
-        """Unflag one row if it is flagged (a freed row)."""
+        """Unflag one row if it is flagged (a freed row; it is not stuck either)."""
+        self.stuck[row] = False
         if self.flag[row]:
             self.flag[row] = False
             self.n -= 1

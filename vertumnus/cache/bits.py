@@ -47,6 +47,18 @@ def int64_array(values: Sequence[int]) -> np.ndarray:
     return np.frombuffer(packer.pack(*values), np.int64)
 
 
+def distinct(rows: np.ndarray) -> np.ndarray:
+    """The distinct values of an int64 array, ascending (``np.unique`` without its first-use import of
+    numpy.ma)."""
+    if rows.size < 2:
+        return rows
+    out = np.sort(rows)
+    keep = np.empty(out.size, bool)
+    keep[0] = True
+    np.not_equal(out[1:], out[:-1], out=keep[1:])
+    return out[keep]
+
+
 def leading_runs(rows: np.ndarray, names: Sequence[int] | None = None) -> dict[int, int]:
     """Per worker slot with a non-empty run, the number of leading rows of ``rows`` (``(n, words)`` uint64
     masks along a root→z path, or ``(n,)`` for one word) that have the slot's bit: the blocks each worker

@@ -256,7 +256,10 @@ class CacheManager:
             ops += self._take(intra, "intra", lambda c: choose.replication(t, wk, bk, c, queue_s, False))
             kids = choose.child_marks(t, [c.row for c in recl])
             ops += self._take(recl, "reclamations", lambda c: choose.reclamation(t, wk, bk, c, kids.get(c.row)))
-        self.counters["stats_dropped"] += cstats.decay(trie, self.cfg.decay, self.cfg.epsilon, act, acc, mis)
+        # Rows kept for their surplus replicas alone only matter when a scan can reclaim them.
+        cfg = self.cfg
+        replicas = cfg.replication and cfg.max_ops_per_scan > 0 and cfg.theta_reclaim > 0
+        self.counters["stats_dropped"] += cstats.decay(trie, cfg.decay, cfg.epsilon, act, acc, mis, replicas)
         return ops
 
     def _take(self, cands: list[Candidate], name: str, build: Callable[[Candidate], CacheOp | None]) -> list[CacheOp]:

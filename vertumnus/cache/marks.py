@@ -3,6 +3,11 @@
 Every change of ``holders`` / ``pending`` / ``present`` goes through these functions, which keep the trie's
 replica counts (``rc``) and the worker's counters (``n_valid`` / ``n_pending`` / ``n_present``) exact. Callers
 keep the ancestor-closure invariants of :mod:`.trie` (e.g. they only make a row valid when its parent is).
+
+They also flag rows that may have become reclaimable without any statistics (DESIGN.md §3: access 0 <
+r·θ_reclaim), so the scan, which looks at active rows only, sees them: a row that gains a holder while another
+worker holds it too, and a row whose holder lost every marked block below it (it may now be that holder's last
+block, the only kind reclamation deletes).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from vertumnus.cache.bits import distinct
 from vertumnus.cache.trie import ROOT, Trie
 from vertumnus.cache.workers import WorkerInfo
 
@@ -41,7 +47,31 @@ def make_valid(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> n
     w.n_valid += int(new.size)
     _clear_pending(trie, w, new)
     _clear_present(trie, w, new)
+    flag_replicated(trie, new)
     return new
+
+
+def flag_replicated(trie: Trie, rows: np.ndarray) -> None:
+    """``rows`` (distinct) gained a holder, or a holder of theirs lost its blocks below them: they are no longer
+    known to be stuck, and those with two or more valid copies over all degrees become active — surplus
+    replicas are reclamation candidates even if no request ever touched them (no statistics)."""
+    if rows.size:
+        trie.active.stuck[rows] = False
+        rc = trie.rc_col
+        copies = rc[0][rows] if len(rc) == 1 else trie.rc[:, rows].sum(axis=0)
+        multi = rows[copies >= 2]
+        if multi.size:
+            trie.active.add(multi)
+
+
+def _flag_parents(trie: Trie, w: WorkerInfo, rows: np.ndarray) -> None:
+    """``w`` lost its marks on ``rows``: a parent it still holds may now be its last block on that path."""
+    par = trie.parent[rows]
+    par = par[par != ROOT]
+    if par.size:
+        par = par[(trie.hold_col[w.word][par] & w.bit) != 0]
+        if par.size:
+            flag_replicated(trie, distinct(par.astype(np.int64)))
 
 
 # n_pending / n_present count w's bits exactly: when zero there is nothing to look for.
@@ -113,6 +143,7 @@ def drop(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> None:
             w.n_valid -= int(held.size)
     _clear_pending(trie, w, r)
     _clear_present(trie, w, r)
+    _flag_parents(trie, w, r)
 
 
 def drop_pending(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> None:
@@ -121,6 +152,7 @@ def drop_pending(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) ->
     if r.size == 0:
         return
     _clear_pending(trie, w, r)
+    _flag_parents(trie, w, r)
 
 
 def marked_subtree(trie: Trie, w: WorkerInfo, row: int, masks: tuple[np.ndarray, ...]) -> list[int]:

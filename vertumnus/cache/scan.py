@@ -10,6 +10,13 @@ near-ties (within ``NEAR_TIE`` of the group's best); reclaim by access/r (asc), 
 Chains: a copy of z carries every block of root→z the destination lacks, so in the inter and intra lists a
 candidate whose child is a candidate of the same list at the same degree, with the same degree-C holders, is
 subsumed by it and dropped — one op per hot chain, not one per block.
+
+Reclaim candidates that can never yield an op are left out before the cut, so they take no attempt slot: z
+with a single valid copy in the pool (reclamation never takes the last copy), and z where every holder keeps a
+marked block below it (the victim must keep no descendant). The scan marks the latter *stuck*
+(:mod:`vertumnus.cache.active`) and skips them until a holder loses its blocks below or z gains a holder
+(:mod:`vertumnus.cache.marks` clears the mark); without statistics they leave the active set meanwhile
+(:func:`vertumnus.cache.stats.decay`).
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vertumnus.cache.trie import ROOT, Trie
+from vertumnus.cache.bits import distinct
+from vertumnus.cache.trie import NONE, ROOT, Trie
 from vertumnus.config import CacheConfig
 
 NEAR_TIE = 0.05  # relative gap of access/r under which intra candidates count as tied
@@ -78,13 +86,12 @@ def find(
     degree_counts: np.ndarray,
     cfg: CacheConfig,
 ) -> tuple[list[Candidate], list[Candidate], list[Candidate]]:
-    """Ranked (inter, intra, reclaim) lists, each cut to ``ATTEMPTS_PER_OP × max_ops_per_scan`` entries.
+    """Ranked (inter, intra, reclaim) lists, each cut to ``ATTEMPTS_PER_OP × max_ops_per_scan`` entries
+    (filling the reclaim list marks the stuck rows it meets; see the module docstring).
 
     ``acc`` / ``mis``: the statistics of the rows ``act`` laid out per degree, shape (degrees, rows): the
     element-wise tests then run along rows (numpy loops over a short inner axis of degrees several times
-    slower). After the cut, reclaim candidates whose z has a single valid copy in the pool are left out:
-    reclamation never takes the last copy (:func:`vertumnus.cache.choose.reclamation`), so they could never
-    yield an op.
+    slower).
     """
     limit = ATTEMPTS_PER_OP * cfg.max_ops_per_scan
     if act.size == 0 or limit == 0:
@@ -146,19 +153,63 @@ def _reclaim(
     trie: Trie, act: np.ndarray, rc: np.ndarray, rcf: np.ndarray, acc: np.ndarray, theta: float, limit: int
 ) -> list[Candidate]:
     # Flat positions f = d·n + i of the (degree, row) hits, in np.nonzero's order; values by 1-D takes.
+    n = act.size
+    stuck = trie.active.stuck
     f = np.flatnonzero((rc > 0) & (acc < rcf * theta))
+    if f.size:
+        # Σ_C rc[z, C] = valid copies of z over all degrees: never the last one; stuck rows yield no victim.
+        f = f[((rc.sum(axis=0) > 1) & ~stuck[act])[f % n]]
     if f.size == 0:
         return []
     score = acc.ravel()[f] / rcf.ravel()[f]  # access / r
-    if f.size > limit:  # only the `limit` best can be taken: sort just those (and ties at the cut)
-        keep = np.flatnonzero(score <= np.partition(score, limit - 1)[limit - 1])
-        f, score = f[keep], score[keep]
-    d, i = np.divmod(f, act.size)
-    rows = act[i]
-    order = np.lexsort((d, rows, -trie.depth[rows], score))[:limit]
-    order = order[rc[:, i[order]].sum(axis=0) > 1]  # Σ_C rc[z, C] = valid copies of z over all degrees
-    r = rc.ravel()[f[order]].astype(np.int64)
-    return _cands(rows[order], d[order], r, score[order], np.zeros(order.size, np.int64))
+    # Best first, in chunks (the `k` best remaining and ties at the cut, k doubling): only rows of a chunk
+    # have their children looked at, and the stuck ones are marked and passed over, until `limit` are found.
+    taken: list[np.ndarray] = []
+    want, k = limit, limit
+    while f.size and want > 0:
+        if f.size > k:
+            sel = score <= np.partition(score, k - 1)[k - 1]
+            cf, cs, f, score = f[sel], score[sel], f[~sel], score[~sel]
+        else:
+            cf, cs, f, score = f, score, f[:0], score[:0]
+        rows = act[cf % n]
+        order = np.lexsort((cf // n, rows, -trie.depth[rows], cs))
+        cf, rows = cf[order], rows[order]
+        uniq = distinct(rows)
+        free = _has_free_holder(trie, uniq)
+        stuck[uniq[~free]] = True
+        ok = np.flatnonzero(free[np.searchsorted(uniq, rows)])[:want]
+        taken.append(cf[ok])
+        want -= ok.size
+        k *= 2
+    f = np.concatenate(taken)
+    d, i = np.divmod(f, n)
+    score = acc.ravel()[f] / rcf.ravel()[f]
+    r = rc.ravel()[f].astype(np.int64)
+    return _cands(act[i], d, r, score, np.zeros(f.size, np.int64))
+
+
+def _has_free_holder(trie: Trie, rows: np.ndarray) -> np.ndarray:
+    """Per row of ``rows`` (distinct): some holder of z keeps no valid or pending mark on a child of z — a
+    possible reclamation victim. All rows' sibling lists are walked together, one vector step per sibling
+    rank; a row leaves the walk as soon as every holder was seen below it."""
+    one = trie.words == 1
+    free = trie.hold_col[0][rows] if one else trie.holders[rows]  # fancy indexing: copies
+    c = trie.first_child[rows].astype(np.int64)
+    live = free != 0 if one else (free != 0).any(axis=1)
+    todo = np.flatnonzero((c != NONE) & live)
+    nxt = trie.next_sib
+    while todo.size:
+        kid = c[todo]
+        if one:
+            free[todo] &= ~(trie.hold_col[0][kid] | trie.pend_col[0][kid])
+            live = free[todo] != 0
+        else:
+            free[todo] &= ~(trie.holders[kid] | trie.pending[kid])
+            live = (free[todo] != 0).any(axis=1)
+        c[todo] = nxt[kid]
+        todo = todo[(c[todo] != NONE) & live]
+    return free != 0 if one else (free != 0).any(axis=1)
 
 
 def _near_tie_order(ranked: list[Candidate], limit: int) -> list[Candidate]:

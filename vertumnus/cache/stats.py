@@ -1,7 +1,9 @@
 """Per-request statistics (access / missed) and their decay (DESIGN.md §3).
 
-Rows whose statistics are non-zero are kept in ``trie.active``; the periodic scan and the decay touch only
-those rows, so their cost grows with live statistics, never with the size of the trie.
+Rows whose statistics are non-zero are kept in ``trie.active``, and so are rows with two or more valid copies
+(flagged by :mod:`.marks`: reclamation candidates even without statistics) until the scan finds that none of
+their holders could give one up; the periodic scan and the decay touch only those rows, so their cost grows
+with live statistics and surplus replicas, never with the size of the trie.
 """
 
 from __future__ import annotations
@@ -83,10 +85,20 @@ class Recorder:
             trie.active.add(path[k0:])
 
 
-def decay(trie: Trie, factor: float, epsilon: float, act: np.ndarray, acc: np.ndarray, mis: np.ndarray) -> int:
+def decay(
+    trie: Trie,
+    factor: float,
+    epsilon: float,
+    act: np.ndarray,
+    acc: np.ndarray,
+    mis: np.ndarray,
+    replicas: bool = True,
+) -> int:
     """Multiply the statistics of the active rows ``act`` (current values ``acc`` / ``mis``, laid out per
     degree: shape (degrees, rows)) by ``factor``, zero entries below ``epsilon`` and drop rows left without
-    statistics from the active set.
+    statistics from the active set — except, with ``replicas``, rows with two or more valid copies that are
+    not stuck (see :mod:`.active`: no reclamation victim until a holder loses its blocks below, which flags
+    the row again).
 
     Returns the number of rows dropped.
     """
@@ -100,6 +112,9 @@ def decay(trie: Trie, factor: float, epsilon: float, act: np.ndarray, acc: np.nd
         trie.acc_col[d][act] = acc[d]
         trie.mis_col[d][act] = mis[d]
     dead = act[~(acc.any(axis=0) | mis.any(axis=0))]
+    if replicas and dead.size:
+        keep = (trie.rc[:, dead].sum(axis=0) >= 2) & ~trie.active.stuck[dead]
+        dead = dead[~keep]
     trie.active.remove(dead)
     return int(dead.size)
 

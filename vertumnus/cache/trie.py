@@ -14,8 +14,10 @@ Invariants, per worker ``w``:
   * ``holders`` and ``holders | pending`` are ancestor-closed (holders shrink monotonically down a path);
   * ``holders & pending == 0`` and ``holders & present == 0``;
   * ``rc[d, i]`` = number of degree-index-``d`` workers in ``holders[i]`` (maintained by :mod:`.marks`);
-  * ``active`` = rows with a non-zero ``access`` or ``missed`` entry (plus rows whose stats just decayed
-    to zero, until the next scan drops them); the scan only ever touches these rows.
+  * ``active`` ⊇ rows with a non-zero ``access`` or ``missed`` entry, plus rows with two or more valid copies
+    where some holder keeps no valid / pending block below (a possible reclamation without statistics; see
+    :mod:`.marks` and :func:`.stats.decay`); it may also hold rows whose stats just decayed to zero, until
+    the next scan drops them. The scan only ever touches these rows.
 A node is freed as soon as it has no marks and no children; freeing cascades to its parent.
 """
 
