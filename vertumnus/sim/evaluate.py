@@ -95,7 +95,9 @@ class PhaseOracle:
 
     @property
     def ratio(self) -> float:
-        return self.policy_mean / self.best_mean if self.best_mean > 0 else math.inf
+        if self.requests == 0:
+            return math.nan  # an empty phase (load 0) has no verdict
+        return _ratio(self.policy_mean, self.best_mean)
 
 
 @dataclass(slots=True)
