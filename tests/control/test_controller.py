@@ -312,5 +312,9 @@ def test_target_failing_before_commit_delays_the_commit_until_its_restart_acks()
     for r in range(4, 8):
         rig.epochs.on_ack(2, r, 3, 2.0)
     assert rig.epochs.current is None and rig.host.done[0][0] is plan
+    # the restarted target came back empty: after the metadata moved to the targets, its holdings are wiped
+    at = next(i for i, c in enumerate(rig.cache.calls) if c[:2] == ("reconfigure", 2))
+    tail = rig.cache.calls[at:]
+    assert tail[1:3] == [("remove", 2), ("add", 2, 4, 4 * 2048)] and ("remove", 1) not in tail
     assert (rig.sched.table.info(1).epoch, rig.sched.table.info(2).epoch, rig.epochs.epoch) == (2, 3, 3)
     assert rig.sched.state(1) == rig.sched.state(2) == WorkerState.ACTIVE

@@ -249,6 +249,12 @@ class EpochManager:
         plan = cur.plan
         # Metadata first (cache manager, scheduler, lattice), schedulable last.
         self.cache.on_reconfigure(plan)
+        for t in plan.targets:
+            if cur.target_epochs.get(t.worker_id, plan.epoch) != plan.epoch:
+                # Restarted before the commit: its ranks came back with empty caches (their CLEARED report
+                # was dropped, the target was not tracked yet), so the sources' holdings must not carry over.
+                self.cache.remove_worker(t.worker_id)
+                self.cache.add_worker(t.worker_id, t.degree, t.node, self.kv_blocks_per_rank * t.degree)
         for s in plan.sources:
             self._in_cache.discard(s.worker_id)
             # A completion still in flight (parked reported before prefill_done) keeps its ticket: the late
