@@ -141,6 +141,8 @@ def sweep(
             tagged += [(False, Task(t.set_path, t.config, t.workload, t.policy, t.composition, ov))
                        for t in fixed_tasks(p, set_path, config)]  # fmt: skip
         tagged += [(True, t) for t in policy_tasks(p, set_path, config, policy, ov)]
+    order = {n: i for i, n in enumerate(p.workloads)}
+    tagged.sort(key=lambda x: order[x[1].workload])  # stable: a workload's runs together (workers cache two)
     digests = run_tasks([t for _, t in tagged], jobs, progress)
     fixed: dict[Overrides, dict[tuple[str, str], Any]] = {}
     pol: dict[Overrides, dict[str, Any]] = {}
