@@ -7,7 +7,10 @@ Experiments (40 simulated GPUs, 5 nodes × 8, degrees 4 and 8, configs/sim-40gpu
    history) and on the baselines' fixed mixed composition, the baselines on that fixed composition;
 2. the time-varying workload (configs/workloads/tool-agent-phases.yaml): Vertumnus against every fixed
    composition of the lattice (Vertumnus routing, controller off), per phase;
-3. the simulator's speed on the conversation trace.
+3. the simulator's speed on the conversation trace;
+4. sections 1 and 2 again under the second cost profile (configs/sim-40gpu-aic.yaml: the same config with the
+   AIConfigurator-modelled profile), side by side with the first, and the two profiles' E_C curves
+   (:mod:`vertumnus.sim.report_profiles`).
 
 Every figure in docs/results.md is computed here from the runs; nothing is typed in by hand.
 """
@@ -29,6 +32,7 @@ from vertumnus.controller.lattice import Lattice
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.sim.inputs import Workload, load_cost, load_sim_config, load_workload_requests, resolve
 from vertumnus.sim.policies import BASELINES, LOWER_BOUND
+from vertumnus.sim.report_profiles import SECOND_CONFIG, ProfileRuns, render_section
 from vertumnus.sim.report_text import BASELINE_COMPOSITION, STATIC_FIXED, render
 from vertumnus.sim.runner import RunResult, run_policy
 
@@ -154,6 +158,29 @@ def run_bench(cfg: VertumnusConfig, cost: CostModel, path: str, repeat: int = 3)
     return best
 
 
+def second_profile(
+    cfg: VertumnusConfig,
+    cost: CostModel,
+    rate_runs: list[RateExperiment],
+    phase: PhaseExperiment | None,
+    img: Path,
+    md_dir: Path,
+) -> str:
+    """Section 7: sections 1 and 2 rerun under the second profile's config, rendered beside the first."""
+    if not resolve(SECOND_CONFIG).exists():
+        return f"## 7. Two cost profiles\n\nSkipped: `{SECOND_CONFIG}` does not exist in this checkout.\n"
+    log(f"second cost profile ({SECOND_CONFIG}): sections 1 and 2 again")
+    cfg2 = load_sim_config(SECOND_CONFIG)
+    cost2 = load_cost(cfg2)
+    runs2: list[RateExperiment] = []
+    for name, path in TRACES.items():
+        runs2 += run_rates(cfg2, cost2, name, path, RATES[name])
+    phase2 = run_phases(cfg2, cost2, str(resolve(PHASE_WORKLOAD))) if phase is not None else None
+    first = ProfileRuns(cost.profile.source, cfg, cost, rate_runs, phase)
+    second = ProfileRuns("AIConfigurator", cfg2, cost2, runs2, phase2)
+    return render_section([first, second], img, md_dir)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs/results.md", help="Markdown file to write (images go to <dir>/img/).")
@@ -180,6 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         phase = run_phases(cfg, cost, str(resolve(PHASE_WORKLOAD)))
         log("cache-manager ablation")
         ablation = run_ablation(cfg, cost, str(resolve(STEADY_WORKLOAD)), STEADY_RATES)
+    profiles = ""  # section 7: the second cost profile side by side
+    if not args.quick and args.config is None:
+        profiles = "\n" + second_profile(cfg, cost, rate_runs, phase, img, out.parent)
     oos = ""  # out-of-sample test set under every bundled profile (vertumnus.sim.eval_results)
     if not args.quick:
         from vertumnus.sim.eval_results import results_section
@@ -198,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": "python -m vertumnus.sim.report --out " + str(args.out) + (" --quick" if args.quick else ""),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(rep, img, out.parent) + oos)
+    out.write_text(render(rep, img, out.parent) + profiles + oos)
     log(f"wrote {out} ({rep.wall_s:.0f} s)")
     return 0
 

@@ -289,6 +289,14 @@ def _profile_notice(rep: Report) -> str:
             "are model outputs; all policies share the same model, the same workloads and the same simulated "
             "engine.\n"
         )
+    if prof.source == "modelled":
+        return (
+            f"> **The cost profile is modelled, not measured or calibrated.** The simulator charges E_C(R, P) from "
+            f"{where}: `vertumnus profile --engine {prof.engine}` fitted it to predicted prefill times (kernel sums "
+            "without framework overhead, so optimistic, and extrapolated beyond the model's data; its notes say "
+            "how far). Absolute TTFTs are model outputs; all policies share the same model, the same workloads "
+            "and the same simulated engine.\n"
+        )
     return (
         f"> The simulator charges E_C(R, P) from {where}, fitted by `vertumnus profile` to measured prefill times. "
         "Absolute TTFTs are model outputs of that fit; all policies share the same model, the same workloads and "
@@ -303,6 +311,11 @@ def _limits(source: str) -> str:
             "- The cost profile is calibrated to published speed-ups, not measured; κ_C (capacity per window) in it "
             "is an\n  assumption (the default's: 7 s of predicted work per 10-s window for every degree) until "
             "`vertumnus profile` measures it.\n"
+        )
+    elif source == "modelled":
+        first = (
+            "- The cost profile is modelled (predicted kernel times, not measured): optimistic, and extrapolated "
+            "beyond\n  the model's data; its per-degree fit error (MAPE) is against the model, not hardware.\n"
         )
     else:
         first = "- The cost profile was measured by `vertumnus profile`; its per-degree fit error (MAPE) is in it.\n"
