@@ -48,11 +48,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             from vertumnus.sim.sensitivity import parse_sweep, plot_sweep
             from vertumnus.sim.sensitivity import sweep as run_sweep
 
-            if workload:
-                raise ValueError("--sweep runs the whole set; drop --workload")
-            p = plan(set_path, config, policy, start)
+            p = plan(set_path, config, policy, start, workload or None)
             grid = parse_sweep(sweep, p.cfg)
-            sw = run_sweep(set_path, config, grid, policy, start, jobs, tick)
+            sw = run_sweep(set_path, config, grid, policy, start, jobs, tick, workload or None)
             paths = write_outputs(sw.base, out)
             (out / "sensitivity.json").write_text(json.dumps(sw.points, indent=1, default=str) + "\n")
             (out / "sensitivity.md").write_text(sensitivity_table(sw.points))

@@ -117,9 +117,11 @@ def sweep(
     start: str | None = None,
     jobs: int = 1,
     progress: Callable[[int, int, Task], None] | None = None,
+    workloads: Sequence[str] | None = None,
 ) -> SweepResult:
-    """Run the sweep (see the module docstring); the config's own values are always included as the base."""
-    p = plan(set_path, config, policy, start)
+    """Run the sweep (see the module docstring); the config's own values are always included as the base.
+    ``workloads``: only these workloads of the set (a quick look; the verdict is over the set's workloads)."""
+    p = plan(set_path, config, policy, start, workloads)
     base_values = {k: _get(p.cfg, k) for k in grid}
     settings: list[tuple[str, Any, Overrides]] = []
     notes: list[tuple[str, Any, str]] = []
