@@ -1,6 +1,7 @@
 """End to end through the real server (subprocess, own Ray cluster, torch CP engine, decode actor), with the
-controller off so the composition only changes when a test orders it (the session's shared server; the
-reconfiguration and fault tests run after these, on the same server)."""
+controller off so the composition only changes when a test orders it. On the session's shared server (also
+used by test_server_reconfig_faults.py): each test starts from the state the ``shared`` fixture establishes
+(conftest.py) and asserts counters as deltas."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from server_harness import CANONICAL, Server, layout
 from serving_reference import generate, tokenizer
 
 from vertumnus.serving.sampling import SamplingParams
@@ -20,9 +22,9 @@ from vertumnus.serving.tokenizer import END, EOS
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def server(shared_server: Any) -> Any:
-    return shared_server
+@pytest.fixture
+def server(shared: Server) -> Server:
+    return shared
 
 
 def client(server: Any) -> openai.AsyncOpenAI:
@@ -38,18 +40,16 @@ def test_models_health_and_pool(server: Any) -> None:
     models = server.get("/v1/models")
     assert [m["id"] for m in models["data"]] == ["vertumnus-tiny"]
     pool = server.get("/v1/pool")
-    assert pool["composition"] == "2xCP1+1xCP2"
-    assert [(w["id"], w["degree"], w["ranks"], w["state"]) for w in pool["workers"]] == [
-        (0, 2, [0, 1], "active"),
-        (1, 1, [2], "active"),
-        (2, 1, [3], "active"),
-    ]
+    assert pool["composition"] == "2xCP1+1xCP2" and pool["engine"] == "torch"
+    assert layout(pool) == CANONICAL
+    assert all(w["state"] == "active" and w["engine"] == "torch" for w in pool["workers"])
+    assert len({w["id"] for w in pool["workers"]}) == 3
     assert server.ray_address
 
 
 def test_fifty_concurrent_requests_with_shared_prefixes(server: Any) -> None:
     prefixes = shared_prefixes(5)
-    before = server.metric("vertumnus_prefix_cached_tokens_total")
+    before = server.counters()
 
     async def run() -> list[Any]:
         c = client(server)
@@ -97,9 +97,9 @@ def test_fifty_concurrent_requests_with_shared_prefixes(server: Any) -> None:
         assert 0 <= t["queue"] <= t["ttft"] and t["prefill"] > 0 and t["handoff"] >= 0
     # prefix hits: the same tokens in the responses, the timelines and the counter; the trie holds blocks
     assert cached > 0 and cached % 32 == 0
-    assert server.metric("vertumnus_prefix_cached_tokens_total") - before == cached
+    assert before.delta("vertumnus_prefix_cached_tokens_total") == cached
     assert sum(w["cached_blocks"] for w in server.get("/v1/pool")["workers"]) > 0
-    assert server.metric("vertumnus_requests_total", 'outcome="ok"') >= 50
+    assert before.delta("vertumnus_requests_total", 'outcome="ok"') == 5 + 50
 
 
 def test_greedy_and_seeded_answers_equal_the_reference_model(server: Any) -> None:
@@ -220,7 +220,7 @@ def _err(r: httpx.Response, status: int, code: str | None = None) -> dict[str, A
 
 
 def test_bad_inputs_get_openai_errors_and_the_server_keeps_serving(server: Any) -> None:
-    before_invalid = server.metric("vertumnus_requests_total", 'outcome="invalid"')
+    before = server.counters()
     _err(_post(server, "/v1/completions", b"{not json"), 400, "invalid_json")
     e = _err(_post(server, "/v1/completions", {"model": "vertumnus-tiny"}), 422)
     assert e["param"] == "prompt"
@@ -244,7 +244,7 @@ def test_bad_inputs_get_openai_errors_and_the_server_keeps_serving(server: Any) 
         400,
         "context_length_exceeded",
     )
-    assert server.metric("vertumnus_requests_total", 'outcome="invalid"') - before_invalid == 7
+    assert before.delta("vertumnus_requests_total", 'outcome="invalid"') == 7
     # the official client maps them to its typed errors
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.NotFoundError):
@@ -267,31 +267,42 @@ def test_bad_inputs_get_openai_errors_and_the_server_keeps_serving(server: Any) 
     assert server.get("/health") == {"status": "ok"}
 
 
-def test_over_the_admission_limit_gets_429_with_retry_after(server: Any) -> None:
+def test_over_the_admission_limit_gets_429_with_retry_after(server: Server) -> None:
     limit = server.cfg.serving.max_inflight
     body = {"model": "vertumnus-tiny", "prompt": "flood " * 40, "max_tokens": 48, "ignore_eos": True}
+    before = server.counters()
+    server.hold()  # no prefill finishes: exactly `limit` requests are admitted, the other 40 are refused
 
-    async def run() -> list[httpx.Response]:
+    async def run() -> tuple[list[httpx.Response], int]:
         async with httpx.AsyncClient(
             base_url=server.url, timeout=600, limits=httpx.Limits(max_connections=limit + 40)
         ) as c:
-            return list(await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(limit + 40))))
+            tasks = [asyncio.create_task(c.post("/v1/completions", json=body)) for _ in range(limit + 40)]
+            deadline = time.monotonic() + 120
+            while sum(t.done() for t in tasks) < 40 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            inflight = (await c.get("/v1/pool")).json()["inflight"]
+            server.release()
+            return list(await asyncio.gather(*tasks)), inflight
 
-    out = asyncio.run(run())
+    out, inflight = asyncio.run(run())
+    assert inflight == limit
     limited = [r for r in out if r.status_code == 429]
     ok = [r for r in out if r.status_code == 200]
-    assert limited and len(ok) + len(limited) == len(out)
-    assert len(ok) >= limit
+    assert len(limited) == 40 and len(ok) == limit
     for r in limited:
         assert r.headers["Retry-After"] == "1"
         assert r.json()["error"]["type"] == "rate_limit_error"
     for r in ok:
         assert r.json()["usage"]["completion_tokens"] == 48
+    assert before.delta("vertumnus_requests_total", 'outcome="rate_limited"') == 40
+    assert before.delta("vertumnus_requests_total", 'outcome="ok"') == limit
     assert server.get("/v1/pool")["inflight"] == 0
 
 
 def test_client_disconnect_mid_stream_frees_its_resources(server: Any) -> None:
     body = {"model": "vertumnus-tiny", "prompt": "stream me", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+    before = server.counters()
     with httpx.Client(base_url=server.url, timeout=60) as c, c.stream("POST", "/v1/completions", json=body) as resp:
         assert resp.status_code == 200
         lines = resp.iter_lines()
@@ -310,7 +321,7 @@ def test_client_disconnect_mid_stream_frees_its_resources(server: Any) -> None:
     assert timing["outcome"] == "cancelled"
     assert pool["decode"]["active"] == 0 and pool["inflight"] == 0
     assert 0 < timing["completion_tokens"] < 4000
-    assert server.metric("vertumnus_requests_total", 'outcome="cancelled"') >= 1
+    assert before.delta("vertumnus_requests_total", 'outcome="cancelled"') == 1
 
 
 def test_ttft_slo_extension_drives_token_weighted_attainment(server: Any) -> None:
