@@ -157,7 +157,7 @@ class _Worker:
     """One degree's AIC session (model built for cp_size = C) and the layout it was built with."""
 
     session: Any
-    layout: str  # e.g. "CP4 (SGLang AllGather-of-KV, zigzag), MoE EP4"
+    layout: str  # e.g. "CP4 (allgather), TP1, MoE EP4"
 
 
 class AicTarget:
@@ -200,12 +200,14 @@ class AicTarget:
         from aiconfigurator.sdk.config import RuntimeConfig
         from aiconfigurator.sdk.errors import PerfDataNotAvailableError
 
-        worker = self._worker.get(degree) or self._build(degree)
+        self.setup(degree)
         rc = RuntimeConfig(batch_size=1, isl=r + p, osl=1, prefix=p)
         try:
-            summary = worker.session.run_static(rc, mode="static_ctx")
+            summary = self._worker[degree].session.run_static(rc, mode="static_ctx")
         except PerfDataNotAvailableError as e:
             raise AicError(f"AIConfigurator has no data for degree {degree}, L = {r + p}, P = {p}: {e}") from None
+        except (RuntimeError, ValueError) as e:  # its other refusals (interpolation, no result)
+            raise AicError(f"AIConfigurator cannot model degree {degree}, L = {r + p}, P = {p}: {e}") from None
         res = summary.get_result_dict() or {}
         if summary.check_oom():
             raise AicError(
