@@ -136,7 +136,19 @@ class ControllerConfig(_Section):
         "current, adjacent and two-step compositions and take the best predicted mean TTFT (docs/design.md §2).",
     )
     max_concurrent_ops: int = Field(
-        2, ge=1, description="Operations on disjoint workers one decision may start together (predictive)."
+        4, ge=1, description="Operations on disjoint workers one decision may start together (predictive)."
+    )
+    check_interval_s: float | None = Field(
+        1.0,
+        gt=0,
+        description="Predictive: between window ends, look for a split this often (overload is answered within "
+        "about this long instead of a window); None = at window ends only.",
+    )
+    burst_lookback_s: float = Field(
+        2.0,
+        gt=0,
+        description="Predictive: a split is also taken when it wins on the arrivals of only the last this many "
+        "seconds, repeated over the forecast span (a burst that the longer span still averages away).",
     )
     lookback_windows: float = Field(
         2.0, gt=0, description="Predictive: the forecast replays the arrivals of the last this many windows."

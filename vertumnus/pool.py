@@ -228,12 +228,11 @@ class PrefillPool:
     # -- timers -------------------------------------------------------------------------------------------
     def next_timer(self) -> float:
         """Next instant ``on_timer`` has work (window end or cache scan); inf before start."""
-        return min(self.controller.next_window_end, self._next_scan)
+        return min(self.controller.next_timer(), self._next_scan)
 
     def on_timer(self, now: float) -> None:
         """Close every window that ended by ``now`` and run a due cache scan; idempotent per instant."""
-        while self.controller.next_window_end <= now:
-            self.controller.end_window(now, lambda w: self.scheduler.queue_s(w, now))
+        self.controller.on_timer(now, lambda w: self.scheduler.queue_s(w, now))
         if self._next_scan <= now:
             self._next_scan += self._scan_interval
             if self._next_scan <= now:  # late caller: skip missed scans rather than bursting them

@@ -89,15 +89,16 @@ def test_forecast_replays_a_busy_span_as_recorded_and_a_quiet_one_at_its_rate() 
 
 
 # -- decisions on the real pool (sim data plane) ------------------------------------------------------------
-def test_overload_after_a_merge_splits_at_the_first_window_end() -> None:
+@pytest.mark.parametrize(("check_s", "at"), [(1.0, 1.0), (None, 5.0)])
+def test_overload_after_a_merge_splits_at_the_first_check(check_s: float | None, at: float) -> None:
     # 1 node as 1xCP8; 4K-token requests at 12 req/s ≈ 1.5 s of CP8 work per second: the queue grows from
-    # the start. The first window end (5 s) splits worker 0 into 2xCP4 (1 + 2 = workers 1, 2), and nothing
-    # merges back while the load lasts.
-    c = cfg(1)
+    # the start. The first split check (1 s; without checks: the first window end, 5 s) splits worker 0 into
+    # 2xCP4 (workers 1, 2), and nothing merges back while the load lasts.
+    c = cfg(1, check_interval_s=check_s)
     times = [k / 12 for k in range(12 * 20)]
     res = run(c, requests(c, times, 4096), "1xCP8")
     assert [(r.kind, r.sources, r.targets) for r in res.reconfigs] == [("split", (0,), (1, 2))]
-    assert began(res.reconfigs[0]) == pytest.approx(5.0)
+    assert began(res.reconfigs[0]) == pytest.approx(at)
     assert res.summary["completed"] == len(times) and res.summary["rejected"] == 0
 
 
@@ -123,14 +124,14 @@ def test_the_same_light_load_keeps_the_split_while_merges_must_persist_longer() 
 
 def test_a_burst_far_above_capacity_splits_two_blocks_at_once() -> None:
     # 2 nodes as 2xCP8; 4K-token requests at 30 req/s ≈ 3.9 s of CP8 work per second (two CP8 serve ~15
-    # req/s): one decision at 5 s starts both splits together; they run concurrently under the epoch
-    # protocol (two plans in flight) and every request completes.
+    # req/s): one decision (the 1-s check) starts both splits together; they run concurrently under the
+    # epoch protocol (two plans in flight) and every request completes.
     c = cfg(2)
     times = [k / 30 for k in range(30 * 15)]
     res = run(c, requests(c, times, 4096), "2xCP8")
     got = [(r.kind, r.sources, r.targets) for r in res.reconfigs]
     assert sorted(got) == [("split", (0,), (2, 3)), ("split", (1,), (4, 5))]
-    assert [began(r) for r in res.reconfigs] == pytest.approx([5.0, 5.0])
+    assert [began(r) for r in res.reconfigs] == pytest.approx([1.0, 1.0])
     assert res.summary["completed"] == len(times) and res.summary["rejected"] == 0
 
 
@@ -139,4 +140,4 @@ def test_one_operation_per_decision_when_concurrency_is_one() -> None:
     times = [k / 30 for k in range(30 * 15)]
     res = run(c, requests(c, times, 4096), "2xCP8")
     assert [(r.kind, r.sources) for r in res.reconfigs] == [("split", (0,)), ("split", (1,))]
-    assert began(res.reconfigs[1]) == pytest.approx(10.0)  # the next window end, not the same one
+    assert began(res.reconfigs[1]) == pytest.approx(2.0)  # the next check, not the same decision

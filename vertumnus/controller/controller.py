@@ -77,6 +77,9 @@ class Controller:
         self.persist_split = cc.split_persist_windows
         self.persist_merge = cc.merge_persist_windows
         self.log = ArrivalLog(self.lookback_s, cc.min_forecast_requests)
+        self.check_interval_s = cc.check_interval_s if cc.policy == "predictive" else None
+        self.burst_s = cc.burst_lookback_s
+        self.next_check = float("inf")  # predictive: next between-windows split check
         self.model = PredictiveModel(
             cost, lattice.degrees, cfg.scheduler.beta, cfg.scheduler.lam, cc.switch_s, cc.max_concurrent_ops,
             cc.split_margin, cc.merge_margin, cc.merge_stress,
@@ -87,6 +90,25 @@ class Controller:
         """Open the first window at ``now``."""
         if self.enabled:
             self.next_window_end = now + self.window_s
+            if self.check_interval_s is not None:
+                self.next_check = now + self.check_interval_s
+
+    def next_timer(self) -> float:
+        """The next instant the controller has work (window end or split check)."""
+        return min(self.next_window_end, self.next_check)
+
+    def on_timer(self, now: float, queue_s: Callable[[int], float]) -> None:
+        """Close every window that ended by ``now``; run a due split check (predictive) otherwise."""
+        closed = False
+        while self.next_window_end <= now:
+            self.end_window(now, queue_s)
+            closed = True
+        if self.next_check <= now:
+            assert self.check_interval_s is not None
+            while self.next_check <= now:
+                self.next_check += self.check_interval_s
+            if not closed and self.epochs.current is None:
+                self._predictive(None, now)
 
     def capacity(self, composition: dict[int, int] | None = None) -> float:
         """K = Σ_w κ_{C_w} over a composition (default: the current one)."""
@@ -124,8 +146,8 @@ class Controller:
             self.epochs.begin(self._plan(chosen), now)
         return report
 
-    def _predictive(self, report: WindowReport, now: float) -> None:
-        """The predictive policy's window end (see vertumnus.controller.predictive)."""
+    def _predictive(self, report: WindowReport | None, now: float) -> None:
+        """The predictive policy's window end, or (``report`` None) a between-windows split check."""
         sched = self.epochs.scheduler
         ops = {
             kind: [
@@ -138,17 +160,25 @@ class Controller:
             for kind in (ReconfigKind.SPLIT, ReconfigKind.MERGE)
         }
         picked = self.log.forecast(now, self.lookback_s, self.min_forecast)
+        burst = self.model.arrivals(self.log.burst(now, self.burst_s, self.lookback_s))
         workers = worker_states(sched, self.lattice, now)
-        decision = self.model.decide(workers, self.model.arrivals(picked), ops)
-        self.last_decision = decision
+        decision = self.model.decide(workers, self.model.arrivals(picked), ops, burst, splits_only=report is None)
         direction = {None: Direction.NONE, ReconfigKind.SPLIT: Direction.SPLIT, ReconfigKind.MERGE: Direction.MERGE}[
             decision.want
         ]
-        report.signal = direction
-        report.reason = decision.reason
-        persist = self.persist_split if direction == Direction.SPLIT else self.persist_merge
-        if not self.account.persist(report, direction, persist):
-            return
+        if report is None:  # a check acts on a split only, at once when splits need one window
+            if direction != Direction.SPLIT or self.persist_split > 1:
+                return
+            report = self.account.check_report(now, decision.reason)
+            self.reports.append(report)
+        else:
+            report.signal = direction
+            report.reason = decision.reason
+            persist = self.persist_split if direction == Direction.SPLIT else self.persist_merge
+            if not self.account.persist(report, direction, persist):
+                self.last_decision = decision
+                return
+        self.last_decision = decision
         move = decision.best_split if direction == Direction.SPLIT else decision.best_merge
         assert move is not None and move.ops
         self.account.acted(report)

@@ -72,6 +72,14 @@ class ArrivalLog:
         gap = span_s / max(len(in_span), 1)
         return [(k * gap, n, p) for k, (_, n, p) in enumerate(mix)]
 
+    def burst(self, now: float, recent_s: float, span_s: float) -> list[tuple[float, int, int]]:
+        """The arrivals of only the last ``recent_s`` seconds, repeated back to back over ``span_s``: the
+        forecast if the current rate lasts (empty when nothing arrived that recently)."""
+        start = now - recent_s
+        recent = sorted(e for e in self.entries if e[0] >= start)
+        reps = max(1, round(span_s / recent_s))
+        return [(t - start + k * recent_s, n, p) for k in range(reps) for t, n, p in recent]
+
 
 @dataclass(slots=True)
 class WorkerNow:
@@ -230,22 +238,42 @@ class PredictiveModel:
         workers: Sequence[WorkerNow],
         arrivals: ReplayArrivals,
         ops_by_kind: dict[ReconfigKind, list[LatticeOp]],
+        burst: ReplayArrivals | None = None,
+        splits_only: bool = False,
     ) -> Decision:
-        """Score every move and say which direction (if any) pays, with the module docstring's margins."""
+        """Score every move and say which direction (if any) pays, with the module docstring's margins.
+
+        ``burst`` (the last seconds' arrivals repeated): a split that wins on it is taken too — optimism about
+        splitting; a merge must win on every forecast — pessimism about giving capacity away.
+        ``splits_only``: a between-windows check (merges are decided at window ends only).
+        """
         moves = self.moves(ops_by_kind)
+        if splits_only:
+            moves = [m for m in moves if m.kind != ReconfigKind.MERGE]
         prep = self.prepare(workers)
+        stay = moves[0]
+        if len(arrivals) == 0 and not any(w.queued or w.queue_s > 0 for w in workers):
+            return Decision(stay, None, None, None, "no arrivals to forecast", len(moves))
         for m in moves:
             m.objective = self.score(m, prep, arrivals)
-        stay = moves[0]
         splits = [m for m in moves if m.kind == ReconfigKind.SPLIT]
         merges = [m for m in moves if m.kind == ReconfigKind.MERGE]
         best_split = min(splits, key=lambda m: m.objective) if splits else None
         best_merge = min(merges, key=lambda m: m.objective) if merges else None
-        if len(arrivals) == 0 and not any(w.queued or w.queue_s > 0 for w in workers):
-            return Decision(stay, best_split, best_merge, None, "no arrivals to forecast", len(moves))
         if best_split is not None and best_split.objective < (1.0 - self.split_margin) * stay.objective:
             why = f"{best_split.describe()}: predicted {best_split.objective:.3f} s vs stay {stay.objective:.3f} s"
             return Decision(stay, best_split, best_merge, ReconfigKind.SPLIT, why, len(moves))
+        if burst is not None and len(burst) and splits:
+            stay_b = self.score(stay, prep, burst)
+            scored = [(self.score(m, prep, burst), m) for m in splits]
+            obj_b, move_b = min(scored, key=lambda x: x[0])
+            if obj_b < (1.0 - self.split_margin) * stay_b:
+                why = f"{move_b.describe()}: on the last seconds' rate predicted {obj_b:.3f} s vs stay {stay_b:.3f} s"
+                return Decision(stay, move_b, best_merge, ReconfigKind.SPLIT, why, len(moves) + len(splits) + 1)
+            if best_merge is not None and self.score(best_merge, prep, burst) > stay_b:
+                # a merge must not lose on the burst forecast either
+                why = "a merge would lose at the last seconds' rate"
+                return Decision(stay, best_split, best_merge, None, why, len(moves))
         if best_merge is not None and best_merge.objective < (1.0 - self.merge_margin) * stay.objective:
             stressed = arrivals.compressed(self.merge_stress)
             best_merge.stressed = self.score(best_merge, prep, stressed)

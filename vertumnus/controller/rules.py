@@ -105,6 +105,14 @@ class WindowAccount:
         report.streak = self.streak
         return direction != Direction.NONE and self.streak >= persist_windows
 
+    def check_report(self, now: float, reason: str) -> WindowReport:
+        """A report for a between-windows split check that acts (the window's sums are left open)."""
+        frac = self.long / self.requests if self.requests else None
+        r = WindowReport(self.index, now, self.demand_s, float("nan"), float("nan"), self.requests, frac,
+                         Direction.SPLIT, "check: " + reason)  # fmt: skip
+        r.direction, r.streak = Direction.SPLIT, 1
+        return r
+
     def acted(self, report: WindowReport) -> None:
         """An operation started: reset the streak and move the long-share reference to this window's."""
         report.acted = True
