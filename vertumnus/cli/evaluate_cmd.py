@@ -54,7 +54,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             paths = write_outputs(sw.base, out)
             (out / "sensitivity.json").write_text(json.dumps(sw.points, indent=1, default=str) + "\n")
             (out / "sensitivity.md").write_text(sensitivity_table(sw.points))
-            fig = plot_sweep(sw.points, plot or out / "sensitivity.png", f"{policy} on {sw.base.set_name}")
+            which = f" ({len(sw.base.workloads)} of {len(p.eval_set.workloads)} workloads)" if workload else ""
+            title = f"{policy} on {sw.base.set_name}{which}, {sw.base.profile} profile"
+            fig = plot_sweep(sw.points, plot or out / "sensitivity.png", title)
             typer.echo(sensitivity_table(sw.points), nl=False)
             typer.echo(f"wrote {', '.join(str(x) for x in paths)}, {out}/sensitivity.json, {fig}")
             return

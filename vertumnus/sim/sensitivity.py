@@ -191,6 +191,8 @@ def plot_sweep(points: Sequence[dict[str, Any]], path: Path, title: str = "") ->
             if p["is_base"]:
                 ax.axvline(p["value"], color="grey", lw=0.8, ls=":")
         ax.axhline(1.0, color="black", lw=0.8)
+        if xs and all(isinstance(x, int) for x in xs):
+            ax.set_xticks(xs)  # integer knobs (persist windows): no fractional ticks
         ax.set_xlabel(key.removeprefix("controller."))
         ax.set_ylabel("geomean mean-TTFT ratio")
         ax.grid(alpha=0.3)
