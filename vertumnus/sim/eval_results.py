@@ -35,6 +35,9 @@ PROFILES: tuple[tuple[str, str], ...] = (
     ("AIConfigurator", "configs/sim-40gpu-aic.yaml"),
 )
 SWEEP_KEYS = ("theta_up", "theta_low", "persist_windows")  # around the config's values, first profile only
+# ±10% (floats) and ±1 (integers): two more runs of the policy per key and workload keep `make results` affordable.
+SWEEP_FLOAT_STEPS = (0.9, 1.0, 1.1)
+SWEEP_INT_STEPS = (-1, 0, 1)
 
 
 def _stderr(msg: str) -> None:
@@ -97,7 +100,8 @@ def results_section(
         if first and sweep_keys:
             from vertumnus.sim.evaluate import plan
 
-            grid = parse_sweep(list(sweep_keys), plan(set_path, config, policy).cfg)
+            cfg = plan(set_path, config, policy).cfg
+            grid = parse_sweep(list(sweep_keys), cfg, SWEEP_FLOAT_STEPS, SWEEP_INT_STEPS)
             sw = sweep(set_path, config, grid, policy, jobs=jobs)
             res = sw.base
             out.append(profile_text(label, config, res))

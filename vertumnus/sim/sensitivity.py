@@ -46,11 +46,16 @@ def controller_thresholds(cfg: VertumnusConfig) -> list[str]:
     return out
 
 
-def around(value: float | int, steps: Sequence[float] | None = None) -> list[float | int]:
-    """Grid around a config value: ×0.8..×1.2 for floats, −1..+2 for integers (≥ 1)."""
+def around(
+    value: float | int, float_steps: Sequence[float] = FLOAT_STEPS, int_steps: Sequence[int] = INT_STEPS
+) -> list[float | int]:
+    """Grid around a config value: ×0.8..×1.2 for floats, −1..+2 for small integers (≥ 1) by default; integers
+    of 8 or more step like floats (rounded), so a count of 32 moves by more than ±1."""
+    if isinstance(value, int) and value >= 8:
+        return sorted({max(1, round(value * f)) for f in float_steps})
     if isinstance(value, int):
-        return sorted({max(1, value + d) for d in (steps or INT_STEPS)})
-    return sorted({round(value * f, 4) for f in (steps or FLOAT_STEPS)})
+        return sorted({max(1, value + d) for d in int_steps})
+    return sorted({round(value * f, 4) for f in float_steps})
 
 
 def _key(name: str) -> str:
@@ -66,14 +71,19 @@ def _get(cfg: VertumnusConfig, key: str) -> Any:
     return node
 
 
-def parse_sweep(specs: Sequence[str], cfg: VertumnusConfig) -> dict[str, list[Any]]:
+def parse_sweep(
+    specs: Sequence[str],
+    cfg: VertumnusConfig,
+    float_steps: Sequence[float] = FLOAT_STEPS,
+    int_steps: Sequence[int] = INT_STEPS,
+) -> dict[str, list[Any]]:
     """``["theta_up=0.6,0.7", "persist_windows"]`` → grid; a bare key (or ``auto`` for every controller threshold)
     gets :func:`around` its config value. Keys without a section are ``controller.`` keys."""
     grid: dict[str, list[Any]] = {}
     for spec in specs:
         if spec.strip() == "auto":
             for k in controller_thresholds(cfg):
-                grid[k] = around(_get(cfg, k))
+                grid[k] = around(_get(cfg, k), float_steps, int_steps)
             continue
         name, sep, values = spec.partition("=")
         key = _key(name.strip())
@@ -81,7 +91,7 @@ def parse_sweep(specs: Sequence[str], cfg: VertumnusConfig) -> dict[str, list[An
         if isinstance(base, bool) or not isinstance(base, (int, float)):
             raise ValueError(f"--sweep {key}: only numeric keys can be swept (it is {base!r})")
         if not sep:
-            grid[key] = around(base)
+            grid[key] = around(base, float_steps, int_steps)
             continue
         try:
             kind = int if isinstance(base, int) else float
