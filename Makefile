@@ -54,7 +54,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 results: setup
-	$(BIN)/python -m vertumnus.sim.report --out docs/results.md
+	$(BIN)/python -m vertumnus.sim.report --out docs/results.md --jobs $(or $(JOBS),1)
 
 # Out-of-sample test set (issue 16): Vertumnus against every fixed composition; JOBS=N runs N simulations at once.
 evaluate: setup
