@@ -117,6 +117,7 @@ def env(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     loop = LoopThread()
     plane = VllmDataPlane(cfg, hosting, time.monotonic, placement)
     ev = Events(plane)
+    loop.checks.append(plane.raise_task_failure)  # e.g. Events.worker_failed's assertion fails the wait at once
     loop.call(plane.start, [WorkerGroup(0, 0, 0, 1)], 1, ev)
     try:
         loop.wait(lambda: ev.acked, 1200, "the prefill engine")

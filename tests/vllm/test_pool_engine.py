@@ -3,7 +3,10 @@ exactly, routing follows the cached prefix and vLLM reuses what the trie predict
 replication (by recomputation, then through the KV connector — vLLM's disk-based ExampleConnector, ``kv_both``
 — each confirmed by the destination's KV events) and reclamation (logical) run on vLLM.
 
-One pool for the module; the tests run in file order and build on each other's state (noted per test)."""
+One pool (two engines) for the module; no test relies on another having run. The ``clean`` fixture empties
+both engines' prefix caches (vLLM's AllBlocksCleared, mirrored into the trie) and restores the replication mode
+before each test, every test uses prompts of its own, and counters are compared as deltas — so the tests pass
+alone and in any order."""
 
 from __future__ import annotations
 
@@ -70,6 +73,36 @@ class Env:
     def held(self, tokens: list[int]) -> dict[int, int]:
         return self.loop.call(self.held_now, tokens)
 
+    def scan(self) -> None:
+        """One cache-manager scan now (the pool's timer, fired by hand)."""
+        self.loop.call(lambda: self.pool.on_timer(self.pool.next_timer()))
+
+    def ops_on(self, keys: tuple[int, ...] | list[int], since: int) -> list[tuple[CacheOp, bool]]:
+        """Cache ops finished since position ``since`` whose path is ``keys``."""
+        return [(op, ok) for op, ok in self.rec.ops[since:] if tuple(op.keys) == tuple(keys)]
+
+    def hot_prefix(self, seed: int, rid: str) -> tuple[list[int], int]:
+        """A 700-token prompt (5 full trie blocks) prefilled, then a second prompt reusing its first 4 trie
+        blocks (512 tokens) on the same worker: that prefix is hot at its holder. Returns (prompt, holder)."""
+        rng = np.random.default_rng(seed)
+        x = rng.integers(0, 512, 700).tolist()
+        src = self.run(f"{rid}-x", x)[0].worker_id
+        self.loop.wait(lambda: self.held_now(x).get(src, 0) == 5, EVENTS_S, f"the trie to mirror {rid}-x")
+        placement, result = self.run(f"{rid}-y", x[:512] + rng.integers(0, 512, 188).tolist())
+        assert placement.worker_id == src and result.cached_tokens == 512
+        return x, src
+
+    def replicate(self, tokens: list[int], src: int) -> CacheOp:
+        """Scan: the hot prefix of ``tokens`` (4 trie blocks) is replicated to the other worker, confirmed."""
+        path = keys_from_tokens(tokens, BT)[:4]
+        n = len(self.rec.ops)
+        self.scan()
+        self.loop.wait(lambda: bool(self.ops_on(path, n)), 300, "the replication to be confirmed")
+        ((op, ok),) = self.ops_on(path, n)
+        assert ok and op.kind == CacheOpKind.REPLICATE and op.dst_worker == 1 - src and op.src_worker == src
+        assert op.first_missing == 0
+        return op
+
 
 @pytest.fixture(scope="module")
 def env(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
@@ -82,6 +115,7 @@ def env(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     hosting = hosting_for(cfg)
     loop = LoopThread()
     plane = build_data_plane(cfg, hosting, time.monotonic)
+    loop.checks.append(plane.raise_task_failure)  # a background task's exception fails the waiting test at once
     pool = PrefillPool(cfg, CostModel.from_file(cfg.resolve_path(cfg.cost_model.profile)), plane, time.monotonic)
     rec = Recorder()
     pool.add_listener(rec)
@@ -95,15 +129,39 @@ def env(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         hosting.close()
 
 
+@pytest.fixture
+def clean(env: Env) -> Iterator[Env]:
+    """Both engines' prefix caches emptied and the mirror and the trie following (vLLM queues AllBlocksCleared
+    at the reset and publishes it with the next engine step, so a 3-token prefill — no full block, nothing
+    stored — steps each engine); the replication mode as configured, and restored after the test too."""
+    mode = env.plane.v.replication
+    workers = list(env.plane.workers.values())
+    cleared = [w.feed.counters["cleared"] for w in workers]
+    for w in workers:
+        assert ray.get(w.actor.reset_prefix_cache.remote(), timeout=120), f"worker {w.worker_id} did not reset"
+        ray.get(w.actor.prefill.remote(f"flush-{w.worker_id}-{time.monotonic_ns()}", [1, 2, 3]), timeout=300)
+    env.loop.wait(
+        lambda: all(
+            w.feed.counters["cleared"] > c and not w.blocks.have for w, c in zip(workers, cleared, strict=True)
+        ),
+        EVENTS_S,
+        "both engines' AllBlocksCleared",
+    )
+    try:
+        yield env
+    finally:
+        env.plane.v.replication = mode
+
+
 def test_engines_started_and_report_their_start_up(env: Env) -> None:
     assert sorted(env.plane.workers) == [0, 1]
     assert len(env.plane.engine_start_s) == 2
     print(f"\nvLLM engine start-up (2 in parallel on this machine): {env.plane.engine_start_s}")
 
 
-def test_trie_holds_exactly_what_the_engine_reported(env: Env) -> None:
-    rng = np.random.default_rng(11)
-    a = rng.integers(0, 512, 700).tolist()  # 21 full vLLM blocks, 5 full trie blocks (+60 tokens)
+def test_trie_holds_exactly_what_the_engine_reported(clean: Env) -> None:
+    env = clean
+    a = np.random.default_rng(11).integers(0, 512, 700).tolist()  # 21 full vLLM blocks, 5 full trie blocks (+60)
     placement, result = env.run("a", a)
     wid = placement.worker_id
     assert result.cached_tokens == 0
@@ -116,66 +174,61 @@ def test_trie_holds_exactly_what_the_engine_reported(env: Env) -> None:
     assert env.loop.call(lambda: w.blocks.orphans) == {expected[20]}
 
 
-def test_shared_prefix_is_routed_to_its_holder_and_reused_as_predicted(env: Env) -> None:
-    a = env.prompts["a"]
-    b = a[:512] + np.random.default_rng(12).integers(0, 512, 188).tolist()  # shares 4 trie blocks exactly
-    wid = env.rec.done["a"][0].worker_id  # type: ignore[union-attr]
-    placement, result = env.run("b", b)
+def test_shared_prefix_is_routed_to_its_holder_and_reused_as_predicted(clean: Env) -> None:
+    env = clean
+    rng = np.random.default_rng(12)
+    a = rng.integers(0, 512, 700).tolist()
+    wid = env.run("s-a", a)[0].worker_id
+    env.loop.wait(lambda: env.held_now(a).get(wid, 0) == 5, EVENTS_S, "the trie to mirror s-a")
+    b = a[:512] + rng.integers(0, 512, 188).tolist()  # shares 4 trie blocks exactly
+    placement, result = env.run("s-b", b)
     assert placement.worker_id == wid
     assert placement.cached_tokens == 512  # the trie's prediction
     assert result.cached_tokens == 512  # vLLM's num_cached_tokens
 
 
-def test_replication_by_recomputation_is_confirmed_by_kv_events(env: Env) -> None:
-    a = env.prompts["a"]
-    src = env.rec.done["a"][0].worker_id  # type: ignore[union-attr]
+def test_replication_by_recomputation_is_confirmed_by_kv_events(clean: Env) -> None:
+    env = clean
+    copies = env.plane.counters["copy_prefills"]
+    x, src = env.hot_prefix(13, "r")
     dst = 1 - src
-    env.loop.call(lambda: env.pool.on_timer(env.pool.next_timer()))  # scan: b's reuse made the prefix hot
-    env.loop.wait(lambda: len(env.rec.ops) >= 1, 300, "the replication to be confirmed")
-    op, ok = env.rec.ops[0]
-    assert ok and op.kind == CacheOpKind.REPLICATE and op.dst_worker == dst and op.src_worker == src
-    assert op.keys == keys_from_tokens(a, BT)[:4] and op.first_missing == 0
-    assert env.held(a) == {src: 5, dst: 4}
+    op = env.replicate(x, src)
+    assert op.keys == keys_from_tokens(x, BT)[:4]
+    assert env.held(x) == {src: 5, dst: 4}
     d = env.plane.workers[dst]
-    assert env.loop.call(lambda: set(d.blocks.have)) == set(d.hasher.hashes(a[:512]))  # 16 vLLM blocks
-    assert env.plane.counters["copy_prefills"] == 1
+    assert env.loop.call(lambda: set(d.blocks.have)) == set(d.hasher.hashes(x[:512]))  # 16 vLLM blocks
+    assert env.plane.counters["copy_prefills"] - copies == 1
 
 
-def test_reclamation_is_logical(env: Env) -> None:
-    a = env.prompts["a"]
-    src = env.rec.done["a"][0].worker_id  # type: ignore[union-attr]
+def test_reclamation_is_logical(clean: Env) -> None:
+    env = clean
+    reclaimed = env.plane.counters["logical_reclaims"]
+    x, src = env.hot_prefix(14, "l")
     dst = 1 - src
+    env.replicate(x, src)
     n_ops = len(env.rec.ops)
-    env.loop.call(lambda: env.pool.on_timer(env.pool.next_timer()))  # access decayed below r·θ_reclaim
+    env.scan()  # no access since: the replica's access decayed below r·θ_reclaim
     env.loop.wait(lambda: len(env.rec.ops) > n_ops, 60, "a reclamation")
     reclaims = [(op, ok) for op, ok in env.rec.ops[n_ops:] if op.kind == CacheOpKind.RECLAIM]
-    assert reclaims and all(ok and op.dst_worker == dst for op, ok in reclaims)  # src keeps a's longer path
-    held = env.held(a)
+    assert reclaims and all(ok and op.dst_worker == dst for op, ok in reclaims)  # src keeps the original
+    held = env.held(x)
     assert held[src] == 5 and held.get(dst, 0) < 4
-    assert env.plane.counters["logical_reclaims"] == len(reclaims)
+    assert env.plane.counters["logical_reclaims"] - reclaimed == len(reclaims)
     # vLLM still holds the blocks (no per-prefix eviction): a prefill of the prefix there reuses them
     d = env.plane.workers[dst]
     # (514 tokens: with L − 1 a multiple of 32 the ExampleConnector's lookup would cut the local hit one block short)
-    out = env.loop.call(lambda: d.actor.prefill.remote("probe", [*a[:512], 1, 2]), timeout_s=60)
+    out = env.loop.call(lambda: d.actor.prefill.remote("probe", [*x[:512], 1, 2]), timeout_s=60)
     got = ray.get(out, timeout=300)
     assert got["cached_tokens"] == 512
 
 
-def test_replication_through_the_kv_connector(env: Env) -> None:
+def test_replication_through_the_kv_connector(clean: Env) -> None:
     """``vllm.replication: transfer``: the source exports the prefix (``do_remote_decode``), the destination's
-    connector loads it; visible once the destination's events show it (state: after the tests above)."""
-    env.plane.v.replication = "transfer"
-    rng = np.random.default_rng(13)
-    c = rng.integers(0, 512, 600).tolist()
-    wc = env.run("c", c)[0].worker_id
-    d = c[:512] + rng.integers(0, 512, 100).tolist()
-    placement, result = env.run("d", d)
-    assert placement.worker_id == wc and result.cached_tokens == 512
-    n_ops = len(env.rec.ops)
-    path = keys_from_tokens(c, BT)[:4]
-    env.loop.call(lambda: env.pool.on_timer(env.pool.next_timer()))
-    env.loop.wait(lambda: any(op.keys == path for op, _ in env.rec.ops[n_ops:]), 300, "c's replication")
-    (op, ok), *_ = [(op, ok) for op, ok in env.rec.ops[n_ops:] if op.keys == path]
-    assert ok and op.kind == CacheOpKind.REPLICATE and op.src_worker == wc and op.dst_worker == 1 - wc
+    connector loads it; visible once the destination's events show it."""
+    env = clean
+    env.plane.v.replication = "transfer"  # restored by the fixture
+    exports, copies = env.plane.counters["transfer_exports"], env.plane.counters["copy_prefills"]
+    c, wc = env.hot_prefix(15, "t")
+    env.replicate(c, wc)
     assert env.held(c)[1 - wc] == 4
-    assert (env.plane.counters["transfer_exports"], env.plane.counters["copy_prefills"]) == (1, 2)
+    assert (env.plane.counters["transfer_exports"] - exports, env.plane.counters["copy_prefills"] - copies) == (1, 1)

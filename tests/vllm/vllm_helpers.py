@@ -17,9 +17,14 @@ T = TypeVar("T")
 
 
 class LoopThread:
-    """An asyncio loop on a daemon thread; ``call`` runs a function on it (serialised with every callback)."""
+    """An asyncio loop on a daemon thread; ``call`` runs a function on it (serialised with every callback).
+
+    ``checks`` run on the loop before every poll of :meth:`wait` and may raise — e.g. the data plane's
+    ``raise_task_failure``, so an exception in a background task (an assertion in a test's EngineEvents
+    callback, say) fails the waiting test at once instead of after the wait's timeout."""
 
     def __init__(self) -> None:
+        self.checks: list[Callable[[], None]] = []
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
         self.thread.start()
@@ -45,10 +50,15 @@ class LoopThread:
     def wait(self, cond: Callable[[], bool], timeout_s: float, what: str) -> None:
         """Poll ``cond`` on the loop until true (a wait for engine work, not a timing assertion)."""
         deadline = time.monotonic() + timeout_s
-        while not self.call(cond):
+        while not self.call(self._checked, cond):
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
             time.sleep(0.05)
+
+    def _checked(self, cond: Callable[[], bool]) -> bool:
+        for check in self.checks:
+            check()
+        return cond()
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)

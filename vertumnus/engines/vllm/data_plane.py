@@ -13,6 +13,12 @@ at a time (prefills, cache-op prefills, the park marker).
 Reconfiguration (vLLM cannot change ``prefill_context_parallel_size`` in place): the sources drain and park as
 usual; ``activate`` stops their engines, announces their caches cleared, starts one engine per target on the
 same ranks and acks the plan's epoch once each target serves. Cache ops: :mod:`~vertumnus.engines.vllm.ops`.
+
+Background tasks fail loudly: an exception escaping a loop task (a bug in a step, or in an EngineEvents callback
+it calls) is logged, counted (``task_failures``), kept in :attr:`VllmDataPlane.task_failures`, and fails the
+worker(s) the task belongs to — the pool sees ``worker_failed`` (and re-places that worker's requests) instead
+of waiting forever for a completion that will not come. :meth:`VllmDataPlane.raise_task_failure` re-raises the
+first one in the caller (tests poll it while they wait, so an assertion inside a callback fails the test at once).
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import asyncio
 import itertools
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -52,6 +59,15 @@ from vertumnus.types import CacheOp, CacheReport, CacheReportKind, PrefillResult
 log = logging.getLogger("vertumnus.vllm")
 
 
+@dataclass(slots=True, frozen=True)
+class TaskFailure:
+    """An exception that escaped one of the data plane's loop tasks."""
+
+    what: str  # the task, e.g. "worker 0 item"
+    workers: tuple[int, ...]  # the workers it belonged to (failed because of it)
+    error: Exception
+
+
 class VllmDataPlane:
     """See module docstring. ``placement``: rank → Ray bundle / devices (probed at construction)."""
 
@@ -77,6 +93,7 @@ class VllmDataPlane:
         self._events: EngineEvents | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.task_failures: list[TaskFailure] = []  # not yet re-raised by raise_task_failure()
 
     # -- plumbing -------------------------------------------------------------------------------------------
     @property
@@ -89,16 +106,57 @@ class VllmDataPlane:
         assert self._loop is not None, "start() not called"
         return self._loop
 
-    def spawn(self, coro: Awaitable[Any], what: str) -> None:
+    def spawn(self, coro: Awaitable[Any], what: str, workers: Sequence[VllmWorker | int] = ()) -> None:
+        """Run ``coro`` as a loop task of ``workers`` (objects, or ids looked up when it fails); an exception
+        escaping it fails them (module docstring)."""
+
         async def guarded() -> None:
             try:
                 await coro
-            except Exception:
-                log.exception("vLLM data plane: %s failed", what)
+            except Exception as e:  # CancelledError (close()) is not an Exception: it passes
+                self._task_failed(what, workers, e)
 
         task = self.loop.create_task(guarded())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def soon(
+        self, fn: Callable[..., Any], *args: Any, what: str, workers: Sequence[VllmWorker | int] = (), delay: float = 0
+    ) -> None:
+        """``loop.call_soon`` / ``call_later`` of a plain callback, failing like :meth:`spawn` if it raises."""
+        if delay > 0:
+            self.loop.call_later(delay, self.guarded, what, workers, fn, *args)
+        else:
+            self.loop.call_soon(self.guarded, what, workers, fn, *args)
+
+    def guarded(self, what: str, workers: Sequence[VllmWorker | int], fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` now; an exception fails ``workers`` as in :meth:`spawn` (for loop callbacks)."""
+        try:
+            fn(*args)
+        except Exception as e:
+            self._task_failed(what, workers, e)
+
+    def _task_failed(self, what: str, workers: Sequence[VllmWorker | int], e: Exception) -> None:
+        """Record the failure and fail its workers (at most once each: ``fail`` ignores failed / replaced ones)."""
+        log.error("vLLM data plane: %s failed", what, exc_info=e)
+        owners = [w if isinstance(w, VllmWorker) else self.workers.get(w) for w in workers]
+        mine = tuple(w for w in owners if w is not None)
+        self.counters["task_failures"] += 1
+        self.task_failures.append(TaskFailure(what, tuple(w.worker_id for w in mine), e))
+        reason = f"{what} failed: {type(e).__name__}: {e}"
+        for w in mine:
+            try:
+                self.fail(w, reason)
+            except Exception as again:  # the failure report itself raised (a callback bug): keep it too
+                log.error("vLLM data plane: failing worker %d raised", w.worker_id, exc_info=again)
+                self.task_failures.append(TaskFailure(f"failing worker {w.worker_id}", (), again))
+
+    def raise_task_failure(self) -> None:
+        """Re-raise (and forget) the first exception that escaped a background task, if any."""
+        if self.task_failures:
+            failure = self.task_failures.pop(0)
+            failure.error.add_note(f"raised in the vLLM data plane's background task: {failure.what}")
+            raise failure.error
 
     def enqueue(self, w: VllmWorker, item: Item, front: bool = False) -> None:
         (w.queue.appendleft if front else w.queue.append)(item)
@@ -112,7 +170,7 @@ class VllmDataPlane:
             return
         item = w.queue.popleft()
         w.busy = True
-        self.spawn(self._run(w, item), f"worker {w.worker_id} item")
+        self.spawn(self._run(w, item), f"worker {w.worker_id} item", (w,))
 
     async def _run(self, w: VllmWorker, item: Item) -> None:
         try:
@@ -191,7 +249,7 @@ class VllmDataPlane:
 
     def _deliver(self, w: VllmWorker, events: list[Event]) -> None:
         """Subscriber thread → event loop."""
-        self.loop.call_soon_threadsafe(self._apply, w, events)
+        self.loop.call_soon_threadsafe(self.guarded, f"KV events of worker {w.worker_id}", (w,), self._apply, w, events)
 
     def _apply(self, w: VllmWorker, events: list[Event]) -> None:
         if self.workers.get(w.worker_id) is not w or w.blocks is None or w.stopped:
@@ -204,10 +262,10 @@ class VllmDataPlane:
         self._events = events
         self._loop = asyncio.get_running_loop()
         for g in groups:
-            self.spawn(self.launch(g, epoch), f"start of worker {g.worker_id}")
+            self.spawn(self.launch(g, epoch), f"start of worker {g.worker_id}", (g.worker_id,))
 
     def restart(self, group: WorkerGroup, epoch: int) -> None:
-        self.spawn(restart.restart(self, group, epoch), f"restart of worker {group.worker_id}")
+        self.spawn(restart.restart(self, group, epoch), f"restart of worker {group.worker_id}", (group.worker_id,))
 
     def close(self) -> None:
         """Stop every engine (graceful shutdown, then kill) and every feed."""
@@ -279,7 +337,8 @@ class VllmDataPlane:
         self.events.worker_parked(w.worker_id, self.clock())
 
     def activate(self, plan: ReconfigPlan) -> None:
-        self.spawn(restart.activate(self, plan), f"activation of epoch {plan.epoch}")
+        targets = tuple(t.worker_id for t in plan.targets)
+        self.spawn(restart.activate(self, plan), f"activation of epoch {plan.epoch}", targets)
 
     # -- DataPlane: cache ops -------------------------------------------------------------------------------
     def execute(self, op: CacheOp) -> None:

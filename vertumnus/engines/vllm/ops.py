@@ -35,15 +35,16 @@ def execute(plane: VllmDataPlane, op: CacheOp) -> None:
     """Start ``op`` (never calls the pool synchronously)."""
     dst = plane.workers.get(op.dst_worker)
     if dst is None or dst.failed or dst.stopped or dst.blocks is None:
-        plane.loop.call_soon(plane.events.cache_op_failed, op.op_id, "destination worker is not running")
+        plane.soon(plane.events.cache_op_failed, op.op_id, "destination worker is not running", what=f"op {op.op_id}")
         return
     if op.kind == CacheOpKind.RECLAIM:
-        plane.loop.call_soon(_reclaim, plane, dst, op)
+        plane.soon(_reclaim, plane, dst, op, what=f"reclaim op {op.op_id}", workers=(dst,))
         return
     tokens = path_tokens(plane, op.keys)
     if tokens is None:
         plane.counters["ops_without_tokens"] += 1
-        plane.loop.call_soon(plane.events.cache_op_failed, op.op_id, "the prefix's token ids are no longer known")
+        reason = "the prefix's token ids are no longer known"
+        plane.soon(plane.events.cache_op_failed, op.op_id, reason, what=f"op {op.op_id}")
         return
     plane.enqueue(dst, Item(lambda: _copy(plane, dst, op, tokens), op_id=op.op_id))
 
@@ -73,7 +74,15 @@ def expect(plane: VllmDataPlane, dst: VllmWorker, op: CacheOp) -> None:
 
 def watch(plane: VllmDataPlane, dst: VllmWorker, op_id: int) -> None:
     """After the op's prefill: fail it if the events have not confirmed it in time."""
-    plane.loop.call_later(plane.v.confirm_timeout_s, _timeout, plane, dst, op_id)
+    plane.soon(
+        _timeout,
+        plane,
+        dst,
+        op_id,
+        what=f"confirmation timeout of op {op_id}",
+        workers=(dst,),
+        delay=plane.v.confirm_timeout_s,
+    )
 
 
 def _timeout(plane: VllmDataPlane, dst: VllmWorker, op_id: int) -> None:
