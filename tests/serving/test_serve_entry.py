@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 RAYSERVICE = REPO / "deploy" / "rayservice.yaml"
 TEST_CONFIG = REPO / "configs" / "test-serve.yaml"
-START_TIMEOUT_S = 240.0  # per wait (ray start, serve run healthy); the fixture's own bound
+START_TIMEOUT_S = 420.0  # per wait (ray start, serve run healthy): the fixture's own bound (214 s seen loaded)
 STOP_TIMEOUT_S = 120.0
 
 

@@ -246,12 +246,16 @@ def test_rank_actor_killed_mid_prefill_is_recovered_without_losing_requests(serv
         async def run() -> tuple[list[Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
             server.hold(at="start")
             traffic = asyncio.create_task(_complete(server, prompts, 4))
-            placed = await _until(server, lambda p: p["placed"] == len(prompts), "every request placed")
+            placed = await _until(
+                server,
+                lambda p: p["placed"] == len(prompts) and all(w["running"] for w in p["workers"] if w["queued"]),
+                "every request placed, one running on every busy worker",
+            )
+            # every worker busy (so the restart's regroup waits for the release and FAILED stays visible); the
+            # victim with a running prefill and queued ones: all of them are unfinished when the rank dies
+            assert all(w["running"] for w in placed["workers"]), placed["workers"]
             (victim,) = [w for w in placed["workers"] if w["degree"] == 2]
-            await _until(server, lambda p: _worker(p, victim["id"])["running"] is not None, "a running prefill")
-            victim = _worker(server.get("/v1/pool"), victim["id"])
-            # a running prefill and queued ones: all of them are unfinished when the rank dies
-            assert victim["running"] is not None and victim["queued"] >= 2, victim
+            assert victim["queued"] >= 2, victim
             killer.kill(f"vertumnus-{server.proc.pid}-rank-{victim['ranks'][-1]}")
             failed = await _until(
                 server,

@@ -67,6 +67,8 @@ class PrefillHolds:
             self._every = at
         else:
             self._workers.update(dict.fromkeys(worker_ids, at))
+        if self.on_release is not None:  # a FIFO stopped at QUEUE may run again (a START hold lets it start)
+            self.on_release()
 
     def release(self, worker_ids: Sequence[int] | None) -> int:
         """Remove the holds of ``worker_ids`` (None: every hold) and wake their held prefills; how many woke."""
