@@ -163,7 +163,7 @@ class ControllerConfig(_Section):
         0.05, ge=0, lt=1, description="Predictive: a merge must cut the predicted mean TTFT by this fraction."
     )
     merge_stress: float = Field(
-        1.25, ge=1, description="Predictive: a merge must also win with the forecast's arrival rate × this."
+        2.0, ge=1, description="Predictive: a merge must also win with the forecast's arrival rate × this."
     )
     split_persist_windows: int = Field(1, ge=1, description="Predictive: windows a split must be wanted.")
     merge_persist_windows: int = Field(2, ge=1, description="Predictive: windows a merge must be wanted.")
