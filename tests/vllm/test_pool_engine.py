@@ -197,6 +197,9 @@ def test_replication_by_recomputation_is_confirmed_by_kv_events(clean: Env) -> N
     assert env.held(x) == {src: 5, dst: 4}
     d = env.plane.workers[dst]
     assert env.loop.call(lambda: set(d.blocks.have)) == set(d.hasher.hashes(x[:512]))  # 16 vLLM blocks
+    # The destination's KV events can confirm the op before the copy prefill's RPC has returned to the loop
+    # (where the counter is kept): wait for the count instead of reading it once.
+    env.loop.wait(lambda: env.plane.counters["copy_prefills"] - copies >= 1, EVENTS_S, "the copy prefill to return")
     assert env.plane.counters["copy_prefills"] - copies == 1
 
 
@@ -231,4 +234,5 @@ def test_replication_through_the_kv_connector(clean: Env) -> None:
     c, wc = env.hot_prefix(15, "t")
     env.replicate(c, wc)
     assert env.held(c)[1 - wc] == 4
+    env.loop.wait(lambda: env.plane.counters["copy_prefills"] - copies >= 1, EVENTS_S, "the copy prefill to return")
     assert (env.plane.counters["transfer_exports"] - exports, env.plane.counters["copy_prefills"] - copies) == (1, 1)
