@@ -157,7 +157,8 @@ class Controller:
                     key=lambda c: (c.drain_s, c.op.sources[0].worker_id),
                 )
             ]
-            for kind in (ReconfigKind.SPLIT, ReconfigKind.MERGE)
+            # a between-windows check scores splits only: no merge candidates to build
+            for kind in ((ReconfigKind.SPLIT,) if report is None else (ReconfigKind.SPLIT, ReconfigKind.MERGE))
         }
         picked = self.log.forecast(now, self.lookback_s, self.min_forecast)
         burst = self.model.arrivals(self.log.burst(now, self.burst_s, self.lookback_s))
