@@ -15,12 +15,14 @@ embedded decode pool (``serving.decode_actors`` Ray actors with the reference mo
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import socket
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -32,6 +34,7 @@ from vertumnus.serving.app import create_app
 from vertumnus.serving.handoff import DecodeBackend
 from vertumnus.serving.hosting import RayHosting, start_hosting
 from vertumnus.serving.runtime import ServingRuntime
+from vertumnus.serving.tokenizer import make_tokenizer
 
 log = logging.getLogger("vertumnus.serving")
 
@@ -79,15 +82,48 @@ def build_runtime(cfg: VertumnusConfig, address: str | None = None) -> tuple[Ser
     if token:  # e.g. from a Kubernetes Secret; overrides serving.admin_token
         cfg.serving.admin_token = token
     cost = CostModel.from_file(cfg.resolve_path(cfg.cost_model.profile))
+    vocab = check_vocab(cfg)  # before Ray: a mismatch is a configuration error, reported at once
     hosting = start_hosting(cfg, address, cfg.serving.startup_timeout_s)
     try:
         clock = time.monotonic
         data_plane = make_data_plane(cfg, hosting, clock)
         decode = make_decode(cfg, hosting)
-        return ServingRuntime(cfg, data_plane, decode, cost, cfg.pool.engine, clock), hosting
+        runtime = ServingRuntime(cfg, data_plane, decode, cost, cfg.pool.engine, clock)
+        runtime.model_vocab = vocab
+        return runtime, hosting
     except BaseException:
         hosting.close()
         raise
+
+
+def model_vocab_size(cfg: VertumnusConfig) -> int:
+    """The torch engine's vocabulary: ``config.json``'s ``vocab_size`` when ``model.path`` is set (the dims
+    are read from there), else ``model.vocab_size`` (random reference weights)."""
+    if cfg.model.path:
+        path = Path(cfg.resolve_path(cfg.model.path)) / "config.json"
+        try:
+            return int(json.loads(path.read_text())["vocab_size"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"model.path: cannot read vocab_size from {path}: {e}") from None
+    return cfg.model.vocab_size
+
+
+def check_vocab(cfg: VertumnusConfig) -> int | None:
+    """ValueError when the tokenizer can produce token ids the model has no embedding for (a tokenizer
+    vocabulary larger than the model's): every prompt with such an id would fail in the engine. Returns the
+    model's vocabulary size (the runtime rejects prompt ids outside it with 400), None for the vllm engine
+    (vLLM checks prompt ids against its own model)."""
+    if cfg.pool.engine != "torch":
+        return None
+    vocab = model_vocab_size(cfg)
+    tok = make_tokenizer(cfg.serving.tokenizer, vocab)
+    if tok.vocab_size > vocab:
+        raise ValueError(
+            f"serving.tokenizer {cfg.serving.tokenizer} has a vocabulary of {tok.vocab_size} token ids, the model "
+            f"{cfg.model.name!r} only {vocab}: prompts could carry ids the model has no embedding for. Use the "
+            "model's own tokenizer (or omit serving.tokenizer for the reference model's byte tokenizer)"
+        )
+    return vocab
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

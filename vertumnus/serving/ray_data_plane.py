@@ -58,6 +58,9 @@ from vertumnus.types import CacheOp, PrefillResult, ReconfigPlan, WorkerGroup
 
 log = logging.getLogger("vertumnus.serving")
 
+RESTART_BACKOFF_S = (1.0, 30.0)  # first retry delay of a failed restart attempt, cap of the doubling
+PROBE_S = 3.0  # a survivor rank of a failed worker that does not answer within this is replaced
+
 
 class RayDataPlane:
     """See module docstring."""
@@ -78,6 +81,10 @@ class RayDataPlane:
         self.holds = PrefillHolds()
         self.holds.on_release = self._pump_all
         self.startup_error: BaseException | None = None
+        self._stale: set[int] = set()  # ranks to replace on the next restart attempt (a failed attempt's)
+        self._fresh: set[int] = set()  # replaced and joined, not yet assigned (their worker still FAILED)
+        self.restart_failures = 0
+        self._regroups: dict[int, asyncio.Future[None]] = {}  # worker -> its pending regroup (restart waits)
 
     # -- plumbing -------------------------------------------------------------------------------------------
     @property
@@ -173,6 +180,10 @@ class RayDataPlane:
             return
         w.failed = True
         w.queue.clear()
+        regroup = self._regroups.pop(w.group.worker_id, None)
+        if regroup is not None and not regroup.done():
+            # its regroup will never run: the restart waiting for it fails now (and retries) instead of hanging
+            regroup.set_exception(WorkerFailed(f"worker {w.group.worker_id} failed before its regroup"))
         self.events.worker_failed(w.group.worker_id, reason, self.clock())
 
     def _rank_died(self, rank: int, reason: str) -> None:
@@ -217,33 +228,89 @@ class RayDataPlane:
         self.spawn_task(self._restart(group, epoch), f"restart of worker {group.worker_id}")
 
     async def _restart(self, group: WorkerGroup, epoch: int) -> None:
+        """Bring ``group`` back under ``epoch``; an attempt that fails (a newcomer that cannot start or join,
+        a survivor that cannot regroup) is retried with backoff, its ranks replaced again — the worker must not
+        stay FAILED because one attempt failed. Requests wait in the pool meanwhile (/health says why)."""
+        delay = RESTART_BACKOFF_S[0]
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self._restart_once(group, epoch)
+                return
+            except Exception as e:
+                if self.ranks.closing:
+                    return
+                log.warning(
+                    "restart of worker %d (attempt %d) failed: %s: %s; retrying in %.0f s",
+                    group.worker_id, attempt, type(e).__name__, e, delay,
+                )  # fmt: skip
+                self.restart_failures += 1
+                self._stale.update(group.global_ranks(self.gpn))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RESTART_BACKOFF_S[1])
+
+    async def _restart_once(self, group: WorkerGroup, epoch: int) -> None:
         async with self._world:
-            dead = self.ranks.dead()
-            for r in dead:
-                self.ranks.spawn(r)
+            # fresh actors for: dead ranks, the ranks of a failed earlier attempt, and every survivor of a failed
+            # worker that does not answer a probe within PROBE_S (its step lane is busy: it sits in a collective
+            # with its dead peer until the collective timeout). A survivor that answers is idle: it regroups
+            # with the rest (its process group is rebuilt, its cache emptied by the assignment) — replacing it
+            # would cost a process start (seconds to tens of seconds on a loaded 2-core machine)
+            t0 = self.clock()
+            stale = set(self.ranks.dead()) | self._stale
+            survivors = sorted(
+                {r for w in self.workers.values() if w.failed for r in w.ranks} - stale - self._fresh
+            )  # fmt: skip
+            answers = await asyncio.gather(*(self.ranks.responsive(r, PROBE_S) for r in survivors))
+            stale.update(r for r, ok in zip(survivors, answers, strict=True) if not ok)
+            for r in sorted(stale):
+                self.ranks.replace(r)
+            self._stale -= stale
             gen = self.ranks.generation + 1
             self.ranks.generation = gen
-            waits: list[Awaitable[Any]] = [self.ranks.connect(r, gen) for r in dead]
+            waits: list[Awaitable[Any]] = [self.ranks.connect(r, gen) for r in sorted(stale)]
             in_live: set[int] = set()
             for w in self.workers.values():
                 if w.failed:
                     continue
                 in_live.update(w.ranks)
                 fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._regroups[w.group.worker_id] = fut
                 self.enqueue(w, StepItem(self._regroup_item(w, gen, fut)), front=True)
                 waits.append(fut)
-            idle = [r for r in range(self.ranks.world) if r not in in_live and r not in dead]
+            # ranks in no live worker that were replaced by an earlier restart (their worker still FAILED)
+            idle = [r for r in range(self.ranks.world) if r not in in_live and r not in stale]
             if idle:
                 waits.append(self.step_ranks(idle, lambda r: Regroup(gen)))
-            await asyncio.gather(*waits)
+            try:
+                await asyncio.gather(*waits)
+            except BaseException:
+                # whatever did not join this generation is replaced on the next attempt
+                self._fresh -= stale | set(idle)
+                self._stale |= stale | set(idle)
+                raise
+            self._fresh |= stale
+            t_world = self.clock()
+            # test hook: a restarting worker held at START waits here, its ranks back, until released (so a
+            # test sees the outage: /health 503 while it is the only worker)
+            await self.holds.at_start(group.worker_id, "restart")
             self._new_worker(group)
+            self._fresh -= set(group.global_ranks(self.gpn))
             await self._assign(group, epoch)
+            log.warning(
+                "worker %d restarted under epoch %d in %.1f s (ranks replaced: %s, kept: %s; generation %d in %.1f s)",
+                group.worker_id, epoch, self.clock() - t0, sorted(stale) or "none",
+                sorted(set(survivors) - stale) or "none", gen, t_world - t0,
+            )  # fmt: skip
 
     def _regroup_item(self, w: WorkerLane, gen: int, fut: asyncio.Future[None]) -> Callable[[], Awaitable[None]]:
         async def run() -> None:
             try:
                 await self.worker_step(w, lambda r: Regroup(gen))
             finally:
+                if self._regroups.get(w.group.worker_id) is fut:
+                    del self._regroups[w.group.worker_id]
                 if not fut.done():
                     fut.set_result(None)
 

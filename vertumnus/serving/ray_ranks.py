@@ -28,9 +28,13 @@ from vertumnus.serving.rank_actor import RankActor
 log = logging.getLogger("vertumnus.serving")
 
 
-def rank_actor_name(server_pid: int, rank: int) -> str:
-    """Ray actor name of a rank (namespace ``vertumnus``); unique per server process."""
-    return f"vertumnus-{server_pid}-rank-{rank}"
+def rank_actor_name(server_pid: int, rank: int, incarnation: int = 0) -> str:
+    """Ray actor name of a rank (namespace ``vertumnus``); unique per server process and incarnation: the
+    first actor of rank r is ``vertumnus-<pid>-rank-<r>``, its n-th replacement ``...-rank-<r>.<n>``. A fresh
+    name per replacement because a crashed actor's name (SIGKILL, OOM) stays taken until the GCS has processed
+    its death, which can be after the replacement is created (``ray.kill`` frees it at once; a crash does not)."""
+    base = f"vertumnus-{server_pid}-rank-{rank}"
+    return base if incarnation == 0 else f"{base}.{incarnation}"
 
 
 class RankSet:
@@ -44,6 +48,7 @@ class RankSet:
         self.timeout_s = timeout_s
         self.actors: dict[int, Any] = {}
         self.alive: dict[int, bool] = {}
+        self.incarnation: dict[int, int] = {}  # rank -> how many actors it had (names: rank_actor_name)
         self.generation = -1
         # the rendezvous store lives in this process: loopback on a local cluster, the node address otherwise
         self.host = "127.0.0.1" if hosting.owns_cluster else ray.util.get_node_ip_address()
@@ -69,7 +74,9 @@ class RankSet:
         node, local = divmod(rank, self.gpn)
         opts = self.hosting.rank_options(node, local)
         # named so an operator (or the fault tests) can find a rank: ray.get_actor(name, namespace="vertumnus")
-        name = rank_actor_name(os.getpid(), rank)
+        n = self.incarnation.get(rank, -1) + 1
+        self.incarnation[rank] = n
+        name = rank_actor_name(os.getpid(), rank, n)
         actor = self._cls.options(max_concurrency=2, name=name, **opts).remote(self.spec(rank))
         self.actors[rank] = actor
         self.alive[rank] = True
@@ -96,6 +103,30 @@ class RankSet:
 
     def dead(self) -> list[int]:
         return sorted(r for r, ok in self.alive.items() if not ok)
+
+    async def responsive(self, rank: int, timeout_s: float) -> bool:
+        """Whether the actor of ``rank`` answers a trivial call within ``timeout_s``: its step lane is free
+        (``max_concurrency=2``: one thread for ``watch``, one for everything else), so no step is stuck in it."""
+        actor = self.actors.get(rank)
+        if actor is None or not self.alive.get(rank, False):
+            return False
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(actor.pid.remote().future()), timeout_s)
+        except Exception:  # TimeoutError, or the actor died meanwhile
+            return False
+        return True
+
+    def replace(self, rank: int) -> None:
+        """Kill the actor of ``rank`` (if any is left) and spawn a fresh one under a new name: for a dead rank,
+        and for a survivor that does not answer (blocked in a collective with its dead peer until the collective
+        timeout)."""
+        old = self.actors.pop(rank, None)  # popped first: its watcher then ignores the death we cause
+        if old is not None:
+            try:
+                ray.kill(old, no_restart=True)
+            except Exception:
+                log.debug("kill of rank %d failed", rank, exc_info=True)
+        self.spawn(rank)
 
     def kill(self, rank: int) -> None:
         actor = self.actors.get(rank)
