@@ -39,6 +39,7 @@ from vertumnus.pool_listener import PoolListener, PoolSnapshot, WorkerSnapshot, 
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.scheduler.policy import RoutingPolicy
 from vertumnus.scheduler.scheduler import RequestRejected, Scheduler
+from vertumnus.scheduler.table import Ticket
 from vertumnus.types import (
     CacheOp,
     CacheReport,
@@ -48,6 +49,9 @@ from vertumnus.types import (
     ReconfigPlan,
     Request,
 )
+
+# a request running on this many workers when each of them failed is failed instead of re-placed again
+MAX_FAILED_RUNS = 2
 
 __all__ = ["PoolListener", "PoolSnapshot", "PrefillPool", "RequestRejected", "WorkerSnapshot"]
 
@@ -85,6 +89,7 @@ class PrefillPool:
         self._pins: dict[str, tuple[int, tuple[int, ...], int]] = {}  # request -> (worker, keys, blocks)
         self._job_op: dict[str, int] = {}  # request -> its reconcile op id
         self._ops: dict[int, CacheOp] = {}  # cache ops in flight
+        self._strikes: dict[str, int] = {}  # request -> workers that failed while running its prefill
         self._scan_interval = cfg.cache.scan_interval_s
         self._next_scan = float("inf")
         self.started = False
@@ -180,6 +185,7 @@ class PrefillPool:
             placement = self._place(request, first)
         except RequestRejected as e:
             now = self.clock()
+            self._strikes.pop(request.request_id, None)
             result = PrefillResult(request.request_id, -1, 0, now, now, ok=False, error=str(e))
             for listener in self.listeners:
                 listener.request_done(request, None, result)
@@ -265,6 +271,7 @@ class PrefillPool:
         if ticket is None or ticket.worker_id != result.worker_id:
             return  # late report from a worker the request was taken away from (or a duplicate)
         self._unplace(result.request_id, cancel_reconcile=False)
+        self._strikes.pop(result.request_id, None)
         for listener in self.listeners:
             listener.request_done(ticket.request, ticket.placement, result)
         if self._requeued or self._backlog:
@@ -307,6 +314,25 @@ class PrefillPool:
         group = self.epochs.fail(worker_id)
         assert group is not None
         for ticket in self.scheduler.tickets_at(worker_id):
-            self._unplace(ticket.request.request_id, cancel_reconcile=True)
+            rid = ticket.request.request_id
+            self._unplace(rid, cancel_reconcile=True)
+            if ticket.running:  # a strike against the request: it may be what failed the worker
+                self._strikes[rid] = self._strikes.get(rid, 0) + 1
+                if self._strikes[rid] >= MAX_FAILED_RUNS:
+                    self._give_up(ticket.request, ticket, reason)
+                    continue
             self._replace(ticket.request)
         self.epochs.restart(group)
+
+    def _give_up(self, request: Request, ticket: Ticket, reason: str) -> None:
+        """A request whose prefill was running on ``MAX_FAILED_RUNS`` workers when they failed fails alone: a
+        request that breaks workers (an engine bug it triggers) must not be re-placed onto the rest of the pool."""
+        self._strikes.pop(request.request_id, None)
+        now = self.clock()
+        error = (
+            f"the prefill failed on {MAX_FAILED_RUNS} workers (each failed while running it); "
+            "it is not retried on the rest of the pool"
+        )
+        result = PrefillResult(request.request_id, ticket.worker_id, 0, ticket.started_s, now, ok=False, error=error)
+        for listener in self.listeners:
+            listener.request_done(request, ticket.placement, result)

@@ -4,7 +4,9 @@ Routes::
 
     POST /v1/completions, /v1/chat/completions   generation (JSON or SSE with "stream": true)
     GET  /v1/models                              the served model
-    GET  /health                                 200 {"status": "ok"} once every initial worker is ACTIVE
+    GET  /health, /ready                         200 {"status": "ok"} while a worker can serve; 503 {"status":
+                                                 "starting"|"unavailable", "reason": ...} before / while none can
+    GET  /live                                   200 while the process and its event loop answer (liveness)
     GET  /metrics                                Prometheus text format (docs/metrics.md)
     GET  /v1/pool                                workers (id, engine, degree, ranks, state, epoch, outstanding
                                                  workload, cached blocks), composition, decode side
@@ -83,10 +85,21 @@ def create_app(
         return ModelList(data=[card]).model_dump()
 
     @app.get("/health")
+    @app.get("/ready")
     async def health() -> JSONResponse:
-        if not runtime.ready:
-            raise APIError(503, "starting", code="not_ready")
+        """200 while at least one worker can serve; 503 with the reason while starting or while every worker
+        is FAILED (restarting). ``/ready`` is the Kubernetes readiness probe's name for the same check."""
+        reason = runtime.unavailable()
+        if reason is not None:
+            status = "starting" if not runtime.ready else "unavailable"
+            return JSONResponse({"status": status, "reason": reason}, status_code=503, headers={"Retry-After": "5"})
         return JSONResponse({"status": "ok"})
+
+    @app.get("/live")
+    async def live() -> JSONResponse:
+        """Kubernetes liveness: the process is up and its event loop answers (a pool that cannot serve is a
+        readiness matter: restarting the process would not bring its workers back any faster)."""
+        return JSONResponse({"status": "alive"})
 
     @app.get("/metrics")
     async def metrics() -> Response:

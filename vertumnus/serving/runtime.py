@@ -40,9 +40,23 @@ from vertumnus.serving.metrics import ServingMetrics, WorkerRow
 from vertumnus.serving.observed import ObservedDataPlane
 from vertumnus.serving.sampling import SamplingParams
 from vertumnus.serving.timeline import Timeline, TimelineLog
-from vertumnus.types import CacheOp, CacheOpKind, Placement, PrefillResult, ReconfigKind, ReconfigPlan, Request
+from vertumnus.types import (
+    CacheOp,
+    CacheOpKind,
+    Placement,
+    PrefillResult,
+    ReconfigKind,
+    ReconfigPlan,
+    Request,
+    WorkerState,
+)
 
 log = logging.getLogger("vertumnus.serving")
+
+# while no worker can serve (every one FAILED, restarting) new requests get 503 at once; requests already
+# accepted wait for the restart (their prefills are re-placed, FCFS), but no longer than this: then they get 503
+# too, so nobody hangs on a pool whose restarts keep failing (a restart retries with backoff meanwhile)
+UNAVAILABLE_FAIL_S = 180.0
 
 
 @dataclass(slots=True)
@@ -91,6 +105,10 @@ class ServingRuntime:
         self._timer: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self.ready = False
+        self.model_vocab: int | None = None  # set by the launcher: prompt ids must lie in [0, model_vocab)
+        self._failure: dict[int, str] = {}  # worker -> why it last failed (/health's reason while none serves)
+        self._unavailable_since: float | None = None
+        self._failed_state = int(WorkerState.FAILED)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def start(self, timeout_s: float = 600.0) -> None:
@@ -123,7 +141,7 @@ class ServingRuntime:
 
     async def _timer_loop(self) -> None:
         """Window ends (controller) and cache scans; re-checks at least every 0.25 s because a submit may move
-        the next timer earlier."""
+        the next timer earlier. Also bounds the wait of accepted requests while no worker can serve."""
         while True:
             delay = min(max(self.pool.next_timer() - self.clock(), 0.0), 0.25)
             await asyncio.sleep(delay)
@@ -131,6 +149,42 @@ class ServingRuntime:
                 self.pool.on_timer(self.clock())
             except Exception:  # a policy bug must not stop the server; it is logged and retried next tick
                 log.exception("pool timer failed")
+            self._check_unavailable()
+
+    # -- availability ---------------------------------------------------------------------------------------
+    def unavailable(self) -> str | None:
+        """None while at least one worker can serve (any state but FAILED: ACTIVE, or draining / switching
+        into workers that will be); otherwise why not (/health, /ready, 503 at admission)."""
+        if not self.ready:
+            return "starting: the prefill workers are not ACTIVE yet"
+        states = self.pool.scheduler.table.state
+        if states.size and bool((states != self._failed_state).any()):
+            return None
+        why = "; ".join(f"worker {w}: {r}" for w, r in sorted(self._failure.items())) or "every worker FAILED"
+        return f"no prefill worker can serve, restarting ({why}; details in the server log)"
+
+    def _check_unavailable(self) -> None:
+        reason = self.unavailable() if self.ready else None
+        now = self.clock()
+        if reason is None:
+            self._unavailable_since = None
+            self._failure.clear()
+            return
+        if self._unavailable_since is None:
+            self._unavailable_since = now
+        if now - self._unavailable_since < UNAVAILABLE_FAIL_S:
+            return
+        waiting = [sub for sub in self._pending.values() if not sub.future.done() and not sub.cancelled]
+        for sub in waiting:
+            sub.future.set_exception(
+                APIError(503, f"{reason}; waited {UNAVAILABLE_FAIL_S:.0f} s", code="no_worker_available")
+            )
+        if waiting:
+            log.warning(
+                "failed %d waiting requests: no worker could serve for %.0f s",
+                len(waiting),
+                now - self._unavailable_since,
+            )
 
     # -- requests -------------------------------------------------------------------------------------------
     def new_request_id(self, prefix: str) -> str:
@@ -142,6 +196,10 @@ class ServingRuntime:
         """Reserve an in-flight slot or raise 429 / 503."""
         if not self.ready:
             raise APIError(503, "the prefill pool is not ready yet", code="not_ready", headers={"Retry-After": "1"})
+        reason = self.unavailable()
+        if reason is not None:
+            self.metrics.requests.labels("unavailable").inc()
+            raise APIError(503, reason, code="no_worker_available", headers={"Retry-After": "5"})
         if self.inflight >= self.max_inflight:
             self.metrics.requests.labels("rate_limited").inc()
             raise APIError(
@@ -181,6 +239,14 @@ class ServingRuntime:
         """Hash the prompt's blocks once and place the request on the pool (raises 400 when no worker could
         ever serve it). The caller holds an admission slot (:meth:`admit`) and then consumes :meth:`stream`."""
         n = len(prompt_ids)
+        vocab = self.model_vocab
+        if vocab is not None and prompt_ids and (max(prompt_ids) >= vocab or min(prompt_ids) < 0):
+            # never reaches the engine: an id without an embedding fails the worker it runs on
+            self.metrics.requests.labels("invalid").inc()
+            raise APIError(
+                400, f"prompt token ids must lie in [0, {vocab}) (the model's vocabulary)", param="prompt",
+                code="invalid_token_ids",
+            )  # fmt: skip
         slo = slo_s if slo_s is not None else self.cfg.slo.base_s + self.cfg.slo.per_token_s * n
         tl = Timeline(request_id, arrival_s, n, slo, user=user)
         req = Request(
@@ -330,6 +396,8 @@ class ServingRuntime:
     def on_worker_failed(self, worker_id: int, reason: str) -> None:
         log.warning("worker %d failed: %s", worker_id, reason)
         self.metrics.worker_failures.inc()
+        # the engine's own text (Ray errors: pids, addresses, tracebacks) stays in the log, never in a body
+        self._failure[worker_id] = "a rank process died" if "died" in reason else "an engine step failed"
 
     # -- views ----------------------------------------------------------------------------------------------
     def worker_rows(self, snap: PoolSnapshot | None = None) -> list[WorkerRow]:
