@@ -19,6 +19,7 @@ callbacks.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -246,6 +247,31 @@ class PrefillPool:
             for op in self.cache.scan(now, self.scheduler.queue_map(now)):
                 self._ops[op.op_id] = op
                 self.data_plane.execute(op)
+
+    def idle_state(self) -> tuple[object, ...]:
+        """Everything an idle timer tick reads and may change: window sums and streak, the long-share
+        reference, queues, cache ops, epoch, composition, cache statistics. Equal before and after a full timer
+        period without engine work means every further idle tick is the same no-op (see :meth:`skip_idle`)."""
+        acc = self.controller.account
+        trie = self.cache.trie
+        act = trie.active.rows()
+        stats = float(trie.access[:, act].sum() + trie.missed[:, act].sum()) if act.size else 0.0
+        return (
+            acc.demand_s, acc.requests, acc.streak, int(acc.streak_dir), acc.ref_long,
+            len(self._backlog), len(self._requeued), len(self._ops), self.epochs.current is None,
+            tuple(self.lattice.composition().items()), int(act.size), stats,
+        )  # fmt: skip
+
+    def skip_idle(self, until: float) -> int:
+        """Jump the timers over an idle stretch: window ends, split checks and cache scans before ``until`` are
+        dropped (the simulator calls this once :meth:`idle_state` is a fixed point, so each would be a no-op).
+        Returns the windows skipped."""
+        skipped = self.controller.skip_idle(until)
+        if self._next_scan < until:
+            scans = math.ceil((until - self._next_scan) / self._scan_interval)
+            self._next_scan += scans * self._scan_interval
+            self.cache.counters["scans"] += scans
+        return skipped
 
     # -- admin --------------------------------------------------------------------------------------------
     def reconfigure(self, kind: ReconfigKind, worker_id: int) -> ReconfigPlan:

@@ -16,6 +16,7 @@ K' = K − 2κ_C + κ_{2C}.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,6 +110,17 @@ class Controller:
                 self.next_check += self.check_interval_s
             if not closed and self.epochs.current is None:
                 self._predictive(None, now)
+
+    def skip_idle(self, until: float) -> int:
+        """Drop every window end and split check before ``until`` as the no-op it would be; returns the windows
+        skipped (their indices are used up). Only for an idle pool at a fixed point (the simulator's idle-gap
+        jump, :meth:`vertumnus.pool.PrefillPool.skip_idle`): an empty window then closes with no effect."""
+        skipped = _grid_steps(self.next_window_end, self.window_s, until)
+        self.next_window_end += skipped * self.window_s
+        self.account.index += skipped
+        if self.check_interval_s is not None:
+            self.next_check += _grid_steps(self.next_check, self.check_interval_s, until) * self.check_interval_s
+        return skipped
 
     def capacity(self, composition: dict[int, int] | None = None) -> float:
         """K = Σ_w κ_{C_w} over a composition (default: the current one)."""
@@ -253,3 +265,8 @@ class Controller:
         plan = self._plan(cand)
         self.epochs.begin(plan, now)
         return plan
+
+
+def _grid_steps(t: float, step: float, until: float) -> int:
+    """How many instants t, t + step, ... lie before ``until`` (0 for t = inf)."""
+    return math.ceil((until - t) / step) if t < until else 0

@@ -29,13 +29,14 @@ class EventLoop:
     without re-entering each other (the data plane never calls the pool from inside a pool call).
     """
 
-    __slots__ = ("_heap", "_seq", "now", "popped")
+    __slots__ = ("_heap", "_kinds", "_seq", "now", "popped")
 
     def __init__(self, start: float = 0.0) -> None:
         self.now = start
         self._heap: list[tuple[float, int, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = 0
         self.popped = 0  # events executed so far (the speed benchmark reports events/s)
+        self._kinds = [0] * len(EventKind)  # queued events per kind (the runner's idle-gap check)
 
     def clock(self) -> float:
         """The current virtual time (the pool's clock in the simulator)."""
@@ -48,10 +49,15 @@ class EventLoop:
         seq = self._seq
         self._seq += 1
         heapq.heappush(self._heap, (time, int(kind), seq, fn, args))
+        self._kinds[kind] += 1
         return seq
 
     def __len__(self) -> int:
         return len(self._heap)
+
+    def pending(self, kind: EventKind) -> int:
+        """Events of ``kind`` queued and not yet run."""
+        return self._kinds[kind]
 
     def peek_time(self) -> float | None:
         """Time of the next event, or None when the queue is empty."""
@@ -61,7 +67,8 @@ class EventLoop:
         """Pop and run one event; False when the queue is empty."""
         if not self._heap:
             return False
-        time, _kind, _seq, fn, args = heapq.heappop(self._heap)
+        time, kind, _seq, fn, args = heapq.heappop(self._heap)
+        self._kinds[kind] -= 1
         # Invariant: virtual time never goes backwards.
         assert time >= self.now, (time, self.now)
         self.now = time

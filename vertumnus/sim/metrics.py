@@ -198,21 +198,28 @@ def summarize(arr: dict[str, np.ndarray]) -> dict[str, Any]:
 
 
 def per_interval(arr: dict[str, np.ndarray], width_s: float) -> dict[str, np.ndarray]:
-    """Mean TTFT, token hit rate and request count per ``width_s`` interval of arrival time."""
+    """Mean TTFT, token hit rate and request count per ``width_s`` interval of arrival time.
+
+    Intervals with arrivals, in order; a run of empty intervals is one row (NaN means, count 0) starting where
+    the gap starts, so a step plot draws the same gaps and a trace with a days-long idle gap costs no memory.
+    """
     arrival, ttft = arr["arrival"], arr["ttft"]
     if not len(arrival):
         z = np.zeros(0)
         return {"start": z, "mean_ttft": z, "hit_rate": z, "count": z}
     bins = (arrival // width_s).astype(np.int64)
-    nb = int(bins.max()) + 1
+    occupied = np.unique(bins)
+    rows = np.union1d(occupied, occupied[:-1] + 1)  # each occupied interval, plus the start of the gap after it
+    idx = np.searchsorted(rows, bins)
+    nb = len(rows)
     done = ~np.isnan(ttft)
-    cnt = np.bincount(bins[done], minlength=nb).astype(np.float64)
-    s_ttft = np.bincount(bins[done], weights=ttft[done], minlength=nb)
-    s_hit = np.bincount(bins[done], weights=arr["cached"][done], minlength=nb)
-    s_len = np.bincount(bins[done], weights=arr["input_len"][done], minlength=nb)
+    cnt = np.bincount(idx[done], minlength=nb).astype(np.float64)
+    s_ttft = np.bincount(idx[done], weights=ttft[done], minlength=nb)
+    s_hit = np.bincount(idx[done], weights=arr["cached"][done], minlength=nb)
+    s_len = np.bincount(idx[done], weights=arr["input_len"][done], minlength=nb)
     with np.errstate(invalid="ignore", divide="ignore"):
         return {
-            "start": np.arange(nb) * width_s,
+            "start": rows * width_s,
             "mean_ttft": np.where(cnt > 0, s_ttft / np.maximum(cnt, 1), np.nan),
             "hit_rate": np.where(s_len > 0, s_hit / np.maximum(s_len, 1), np.nan),
             "count": cnt,

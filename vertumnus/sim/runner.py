@@ -88,6 +88,20 @@ class Simulation:
         self.end_limit = last + drain_limit_s
         self._next = 0
         self._timer_at = math.inf
+        # Idle-gap jump (see _idle_tick): one timer period runs every kind of tick at least once; the predictive
+        # forecast stops changing once the last arrival is older than its spans.
+        cc = self.cfg.controller
+        periods = [cc.window_s, self.cfg.cache.scan_interval_s]
+        settle = 0.0
+        if cc.policy == "predictive":
+            periods.append(cc.check_interval_s or 0.0)
+            settle = max(cc.lookback_windows * cc.window_s, cc.burst_lookback_s)
+        self._idle_period = max(periods)
+        self._idle_settle_s = settle
+        self._idle_state: tuple[object, ...] | None = None
+        self._idle_since = 0.0
+        self._last_arrival = -math.inf
+        self.idle_windows_skipped = 0
 
     # -- events -----------------------------------------------------------------------------------------------
     def _push_arrival(self) -> None:
@@ -97,6 +111,7 @@ class Simulation:
             self.loop.push(r.arrival_s, EventKind.ARRIVAL, self._arrive, r)
 
     def _arrive(self, request: Request) -> None:
+        self._last_arrival = request.arrival_s
         self._push_arrival()
         try:
             self.pool.submit(request)
@@ -114,6 +129,33 @@ class Simulation:
             self._timer_at = max(nt, self.loop.now)
             self.loop.push(self._timer_at, EventKind.TIMER, self._timer)
 
+    def _idle_tick(self) -> None:
+        """Jump an idle gap in O(1) instead of walking it tick by tick (a trace with one arrival hours or
+        years after the rest would otherwise run every window end and cache scan in between).
+
+        Idle: no engine event queued (no prefill, copy, park, ack or switch pending), so only timers and the
+        next arrival remain. Once :meth:`PrefillPool.idle_state` has stayed equal through a whole timer period
+        of idle ticks (every kind of tick ran once and changed nothing) and the forecast no longer depends on
+        the time, every further tick before the next arrival is the same no-op: they are skipped. Results are
+        those of the walk (up to float rounding of the window grid), only the skipped windows' reports are not
+        kept.
+        """
+        loop = self.loop
+        if loop.pending(EventKind.ENGINE):
+            self._idle_state = None
+            return
+        now = loop.now
+        state = self.pool.idle_state()
+        if state != self._idle_state:
+            self._idle_state, self._idle_since = state, now
+            return
+        if now - self._idle_since < self._idle_period or now < self._last_arrival + self._idle_settle_s:
+            return
+        # the one queued arrival (pushed one at a time); none: requests stuck, nothing left but the drain limit
+        until = self.requests[self._next - 1].arrival_s if loop.pending(EventKind.ARRIVAL) else self.end_limit
+        if until - now > 2 * self._idle_period:
+            self.idle_windows_skipped += self.pool.skip_idle(until)
+
     # -- run ------------------------------------------------------------------------------------------------
     def run(self, progress: Callable[[int, int], None] | None = None) -> RunResult:
         """Simulate to the end; ``progress(done, total)`` is called every few hundred events."""
@@ -126,6 +168,7 @@ class Simulation:
         loop, col = self.loop, self.collector
         total = len(self.requests)
         while loop.step():
+            self._idle_tick()
             self._arm_timer()
             if col.remaining == 0 and self._next >= total:
                 break

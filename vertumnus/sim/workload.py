@@ -22,6 +22,9 @@ from vertumnus.config import VertumnusConfig
 from vertumnus.types import Request
 
 TRACE_BLOCK_TOKENS = 512  # Mooncake hash ids cover 512-token blocks
+# Longest simulated span: at 2**32 s (~136 years) a float64 clock still resolves ~1 µs, so TTFTs and the window
+# grid stay exact; beyond it a timestamp is a unit mistake (µs or ns given as ms), not a workload.
+MAX_SPAN_S = float(2**32)
 
 
 class TraceError(ValueError):
@@ -170,6 +173,13 @@ def build_requests(
     scale = time_scale(recs, rate_scale, target_rps)
     t0 = recs[0].timestamp_s if origin_s is None else origin_s
     base, per_tok = cfg.slo.base_s, cfg.slo.per_token_s
+    last = max(recs, key=lambda r: r.timestamp_s)
+    span = (last.timestamp_s - t0) / scale
+    if span > MAX_SPAN_S:
+        raise TraceError(
+            f"trace line {last.line}: timestamp {last.timestamp_s * 1000:.6g} ms puts an arrival {span:.3g} s after "
+            f"the first, beyond the simulator's {MAX_SPAN_S:.3g} s (~136 years); timestamps are milliseconds"
+        )
     out: list[Request] = []
     for r in recs:
         full = r.input_len // TRACE_BLOCK_TOKENS
