@@ -3,6 +3,9 @@ workload against a running server, or against one it starts itself)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from pathlib import Path
 
 import typer
@@ -17,7 +20,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     def serve(
         config: Path = typer.Option(DEFAULT_CONFIG, "--config", "-c", help="YAML config file."),
         host: str | None = typer.Option(None, "--host", help="Bind address (default: serving.host)."),
-        port: int | None = typer.Option(None, "--port", help="Port (default: serving.port; 0 = any free port)."),
+        port: int | None = typer.Option(
+            None, "--port", min=0, max=65535, help="Port (default: serving.port; 0 = any free port)."
+        ),
         address: str | None = typer.Option(
             None, "--address", help="Join this Ray cluster (default: $RAY_ADDRESS, else start a local one)."
         ),
@@ -26,7 +31,13 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         from vertumnus.serving.launcher import serve as run_server
 
         cfg = load_config(_resolve(config))
-        run_server(cfg, host, port, address)
+        try:
+            run_server(cfg, host, port, address)
+        except KeyboardInterrupt:  # Ctrl+C: uvicorn re-raises SIGINT once the graceful shutdown is done
+            _exit_quietly(130)
+        except SystemExit as e:  # start-up failed after Ray came up; uvicorn / the runtime logged why
+            _exit_quietly(e.code if isinstance(e.code, int) else 1)
+        _exit_quietly(0)
 
     @app.command("demo")
     def demo(
@@ -37,9 +48,29 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     ) -> None:
         """Send a short mixed workload (shared prefixes, long and short prompts, chat, streaming) and print
         TTFTs, cache hits and the pool composition."""
+        import httpx
+
         from vertumnus.serving.demo import run_demo
 
-        run_demo(url, _resolve(config), requests, concurrency)
+        if url is None:
+            load_config(_resolve(config))  # a bad config fails here, not as "the server exited" later
+        try:
+            run_demo(url, _resolve(config), requests, concurrency)
+        except RuntimeError as e:  # the server it started exited, or did not come up: the message says where
+            raise ValueError(str(e)) from None
+        except httpx.HTTPError as e:
+            raise ValueError(f"the server at {url or 'the one started'} did not answer: {e}") from None
+
+
+def _exit_quietly(code: int) -> None:
+    """End the server process once its shutdown is done (runtime closed, Ray stopped), skipping interpreter
+    finalization: there, the nanobind extension that ``import torch`` loads (triton) reports ~30 lines of
+    "leaked instance / type / function" for objects that only die with the process. Nothing is left to clean
+    up by then; stdio is flushed first."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or broken pipe: nothing more to say
+            stream.flush()
+    os._exit(code)
 
 
 def _resolve(config: Path) -> Path:
