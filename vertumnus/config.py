@@ -8,6 +8,7 @@ description, so `vertumnus config show` prints a self-documenting resolved confi
 from __future__ import annotations
 
 import re
+import textwrap
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
@@ -129,7 +130,11 @@ class ControllerConfig(_Section):
     persist_windows: int = Field(2, ge=1, description="Windows a direction must hold before acting.")
     headroom: float = Field(0.2, ge=0, description="Initial composition needs K ≥ (1+headroom)·D̄.")
     switch_s: float = Field(0.8, ge=0, description="Simulated switch-stage duration (seconds).")
-    history_trace: str | None = Field(None, description="Trace used to pick the initial composition.")
+    history_trace: str | None = Field(
+        None,
+        description="Mooncake trace used to pick the initial composition (a relative path: the CWD if it exists "
+        "there, else the repo root).",
+    )
     policy: Literal["rules", "predictive"] = Field(
         "rules",
         description="rules: the paper's ρ / long-share thresholds; predictive: replay recent arrivals on the "
@@ -199,7 +204,10 @@ class CacheConfig(_Section):
 
 
 class CostModelConfig(_Section):
-    profile: str = Field(DEFAULT_PROFILE, description="Cost profile YAML (relative paths: repo root, then CWD).")
+    profile: str = Field(
+        DEFAULT_PROFILE,
+        description="Cost profile YAML (a relative path: the CWD if it exists there, else the repo root).",
+    )
 
 
 class SLOConfig(_Section):
@@ -213,14 +221,14 @@ class ModelConfig(_Section):
     name: str = Field("vertumnus-tiny", description="Model name served at /v1/models.")
     path: str | None = Field(None, description="Local safetensors directory; empty: random weights (seed).")
     seed: int = Field(0, description="Seed of the random reference weights.")
-    vocab_size: int = Field(512, ge=2)
-    hidden_size: int = Field(128, ge=8)
-    intermediate_size: int = Field(256, ge=8)
-    num_layers: int = Field(2, ge=1)
-    num_heads: int = Field(4, ge=1)
-    num_kv_heads: int = Field(2, ge=1)
-    rope_theta: float = Field(10000.0, gt=0)
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32")
+    vocab_size: int = Field(512, ge=2, description="Vocabulary size (token ids 0 .. vocab_size-1).")
+    hidden_size: int = Field(128, ge=8, description="Hidden (model) dimension.")
+    intermediate_size: int = Field(256, ge=8, description="MLP intermediate dimension.")
+    num_layers: int = Field(2, ge=1, description="Transformer layers.")
+    num_heads: int = Field(4, ge=1, description="Attention (query) heads; must divide hidden_size.")
+    num_kv_heads: int = Field(2, ge=1, description="KV heads (grouped-query attention); must divide num_heads.")
+    rope_theta: float = Field(10000.0, gt=0, description="RoPE base frequency.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weight and activation dtype.")
 
     @model_validator(mode="after")
     def _heads(self) -> ModelConfig:
@@ -327,15 +335,29 @@ class VllmConfig(_Section):
 
 
 class VertumnusConfig(_Section):
-    pool: PoolConfig = Field(default_factory=PoolConfig)
-    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
-    controller: ControllerConfig = Field(default_factory=ControllerConfig)
-    cache: CacheConfig = Field(default_factory=CacheConfig)
-    cost_model: CostModelConfig = Field(default_factory=CostModelConfig)
-    slo: SLOConfig = Field(default_factory=SLOConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    serving: ServingConfig = Field(default_factory=ServingConfig)
-    vllm: VllmConfig = Field(default_factory=VllmConfig)
+    pool: PoolConfig = Field(
+        default_factory=PoolConfig, description="The prefill pool: nodes, GPUs (rank slots), CP degrees, engine."
+    )
+    scheduler: SchedulerConfig = Field(
+        default_factory=SchedulerConfig, description="Request placement cost (DESIGN.md §1)."
+    )
+    controller: ControllerConfig = Field(
+        default_factory=ControllerConfig, description="Window-based split / merge of workers (DESIGN.md §2)."
+    )
+    cache: CacheConfig = Field(
+        default_factory=CacheConfig, description="Prefix cache: trie blocks, replication and reclamation scans."
+    )
+    cost_model: CostModelConfig = Field(
+        default_factory=CostModelConfig, description="Prefill-time model E_C(R, P) and capacity κ_C."
+    )
+    slo: SLOConfig = Field(default_factory=SLOConfig, description="TTFT service-level objective.")
+    model: ModelConfig = Field(
+        default_factory=ModelConfig, description="The tiny reference model served by the torch engine."
+    )
+    serving: ServingConfig = Field(
+        default_factory=ServingConfig, description="The HTTP server (vertumnus serve) and its decode side."
+    )
+    vllm: VllmConfig = Field(default_factory=VllmConfig, description="The pool.engine: vllm backend (docs/vllm.md).")
 
     @model_validator(mode="after")
     def _engine_block_divides_cache_block(self) -> VertumnusConfig:
@@ -405,10 +427,16 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     if path is not None:
         p = Path(path)
         source = str(p)
+        if p.is_dir():
+            raise ConfigError(f"config {p} is a directory; give a YAML file (e.g. configs/local.yaml)")
         try:
             raw = yaml.safe_load(p.read_text())
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {p}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {p} is not UTF-8 text") from None
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {p} is not valid YAML: {e}") from None
         if raw is not None and not isinstance(raw, dict):
@@ -432,3 +460,56 @@ def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def dump_config(cfg: VertumnusConfig) -> str:
     """The resolved config as YAML."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def describe_config(cfg: VertumnusConfig, width: int = 100) -> str:
+    """The resolved config as YAML with every field's description (and, where the value is not the default,
+    the default) in a comment above it; still valid YAML that loads back to the same config."""
+    lines: list[str] = []
+    _describe(cfg, 0, width, lines)
+    return "\n".join(lines) + "\n"
+
+
+def _describe(section: BaseModel, depth: int, width: int, out: list[str]) -> None:
+    pad = "  " * depth
+    values = section.model_dump(mode="json")
+    defaults = type(section)().model_dump(mode="json")
+    for name, info in type(section).model_fields.items():
+        note = info.description or ""
+        value = getattr(section, name)
+        if isinstance(value, BaseModel):
+            out.extend(textwrap.wrap(note, width, initial_indent=f"{pad}# ", subsequent_indent=f"{pad}# "))
+            out.append(f"{pad}{name}:")
+            _describe(value, depth + 1, width, out)
+            continue
+        if values[name] != defaults[name]:
+            note += f" [default: {_flow(defaults[name])}]"
+        out.extend(textwrap.wrap(note, width, initial_indent=f"{pad}# ", subsequent_indent=f"{pad}#   "))
+        out.append(f"{pad}{name}: {_flow(values[name])}")
+
+
+def _flow(value: Any) -> str:
+    """A value as one line of YAML (for comments)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return text.removesuffix("...").strip()
+
+
+def missing_files(cfg: VertumnusConfig) -> list[str]:
+    """Files the config names that do not exist, as ``key: message`` (resolved like :meth:`resolve_path`):
+    ``cost_model.profile`` and ``controller.history_trace``. Loading does not check them (``vertumnus profile``
+    may be about to write the profile); ``config validate`` does."""
+    out = []
+    named = {"cost_model.profile": cfg.cost_model.profile, "controller.history_trace": cfg.controller.history_trace}
+    for key, value in named.items():
+        if not value:
+            continue
+        path = cfg.resolve_path(value)
+        if path.is_file():
+            continue
+        if path.is_dir():
+            out.append(f"{key}: {value} is a directory, not a file")
+        elif Path(value).is_absolute():
+            out.append(f"{key}: file not found: {value}")
+        else:
+            out.append(f"{key}: file not found: {value} (looked in the CWD {Path.cwd()} and the repo root {REPO_ROOT})")
+    return out

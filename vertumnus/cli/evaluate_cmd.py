@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from vertumnus.cli.paths import OUT_DIR_HELP, output_dir
 from vertumnus.sim.policies import POLICIES
 
 
@@ -28,13 +29,14 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             [], "--sweep", help="Sensitivity: KEY=V1,V2 (controller key unless dotted), a bare KEY, or 'auto'."
         ),
         plot: Path | None = typer.Option(None, "--plot", help="Sensitivity plot path (default OUT/sensitivity.png)."),
-        out: Path = typer.Option(Path("runs/evaluate"), "--out", "-o", help="Output directory."),
+        out: Path = typer.Option(Path("runs/evaluate"), "--out", "-o", help=OUT_DIR_HELP),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on stderr."),
     ) -> None:
         """Run the policy and vertumnus-static on every composition; print verdicts, write JSON + markdown."""
         from vertumnus.sim.eval_report import print_table, sensitivity_table, write_outputs
         from vertumnus.sim.evaluate import Task, evaluate, plan
 
+        output_dir(out)
         t0 = time.perf_counter()
 
         def tick(done: int, total: int, task: Task) -> None:

@@ -49,6 +49,10 @@ def main() -> None:
     except (ConfigError, ValueError, FileNotFoundError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         sys.exit(2)
+    except OSError as e:  # a path the checks above did not foresee (a directory, no permission, disk full)
+        where = f": {e.filename}" if e.filename else ""
+        typer.secho(f"error: {e.strerror or e}{where}", fg=typer.colors.RED, err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ def _console() -> Console:
 
 
 def _show(path: Path, console: Console) -> None:
+    if path.is_dir():  # (a missing file: CostProfile.load says "cost profile not found")
+        raise ValueError(f"--show {path} is a directory; give a cost profile YAML file")
     prof = CostProfile.load(path)
     console.print(profile_table(prof, title=f"{path}"))
     if prof.notes:
@@ -89,6 +91,8 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             return
         if out is None:
             raise ValueError("--out is required (e.g. --out configs/profiles/NAME.yaml), or use --show FILE")
+        if out.is_dir():
+            raise ValueError(f"--out {out} is a directory; give the profile YAML to write (e.g. {out}/NAME.yaml)")
         labels = _labels(from_samples, engine, model, source, hardware)
         aic = _aic_spec(engine, model, system, backend, moe, backend_version, from_samples)
         cfg = load_config(config)

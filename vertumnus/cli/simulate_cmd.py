@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from vertumnus.cli.paths import OUT_DIR_HELP, output_dir
 from vertumnus.config import VertumnusConfig
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.sim.inputs import Workload, load_cost, load_sim_config, load_workload_requests, report_issues
@@ -75,7 +76,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         ),
         slice_spec: str | None = typer.Option(None, "--slice", help="START:END seconds of the trace to keep."),
         strict: bool = typer.Option(False, "--strict", help="Reject the trace at its first malformed line."),
-        out: Path = typer.Option(Path("runs/simulate"), "--out", "-o", help="Output directory."),
+        out: Path = typer.Option(Path("runs/simulate"), "--out", "-o", help=OUT_DIR_HELP),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on long runs."),
     ) -> None:
         """Simulate one policy; writes summary.json, requests.csv and PNG plots to --out."""
@@ -83,6 +84,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         from vertumnus.sim.runner import run_policy
 
         check_policy(policy)
+        output_dir(out)
         cfg, cost, wl = _load(config, trace, workload, rate_scale, target_rps, slice_spec, strict)
         show = progress and len(wl.requests) >= PROGRESS_MIN_REQUESTS and sys.stderr.isatty()
         with _progress(show, f"{policy} on {wl.name}") as cb:
@@ -107,7 +109,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         target_rps: float | None = typer.Option(None, "--target-rps"),
         slice_spec: str | None = typer.Option(None, "--slice"),
         strict: bool = typer.Option(False, "--strict"),
-        out: Path = typer.Option(Path("runs/compare"), "--out", "-o", help="Output directory."),
+        out: Path = typer.Option(Path("runs/compare"), "--out", "-o", help=OUT_DIR_HELP),
     ) -> None:
         """Run several policies on one workload; print a table and write compare.md plus plots."""
         from vertumnus.sim.output import markdown_table, plot_runs, table_rows, write_run
@@ -119,6 +121,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             raise ValueError("--policies is empty")
         for name in names:
             check_policy(name)
+        output_dir(out)
         cfg, cost, wl = _load(config, trace, workload, rate_scale, target_rps, slice_spec, strict)
         results = []
         for name in names:
