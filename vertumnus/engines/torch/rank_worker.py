@@ -110,7 +110,8 @@ class RankWorker:
 
     def _regroup(self, cmd: m.Regroup) -> list[m.Reply]:
         host, port = self._store_addr
-        dist.destroy_process_group()
+        if dist.is_initialized():  # not after a failed connect / regroup: the rank joins the new world anyway
+            dist.destroy_process_group()
         self.connect(host, port, cmd.generation)
         return [m.Ready(self.spec.rank, cmd.generation, os.getpid())]
 
