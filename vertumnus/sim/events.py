@@ -29,7 +29,7 @@ class EventLoop:
     without re-entering each other (the data plane never calls the pool from inside a pool call).
     """
 
-    __slots__ = ("_heap", "_kinds", "_seq", "now", "popped")
+    __slots__ = ("_heap", "_kinds", "_ran", "_seq", "now", "popped")
 
     def __init__(self, start: float = 0.0) -> None:
         self.now = start
@@ -37,6 +37,7 @@ class EventLoop:
         self._seq = 0
         self.popped = 0  # events executed so far (the speed benchmark reports events/s)
         self._kinds = [0] * len(EventKind)  # queued events per kind (the runner's idle-gap check)
+        self._ran = [0] * len(EventKind)  # events run per kind
 
     def clock(self) -> float:
         """The current virtual time (the pool's clock in the simulator)."""
@@ -59,6 +60,10 @@ class EventLoop:
         """Events of ``kind`` queued and not yet run."""
         return self._kinds[kind]
 
+    def ran(self, kind: EventKind) -> int:
+        """Events of ``kind`` run so far."""
+        return self._ran[kind]
+
     def peek_time(self) -> float | None:
         """Time of the next event, or None when the queue is empty."""
         return self._heap[0][0] if self._heap else None
@@ -69,6 +74,7 @@ class EventLoop:
             return False
         time, kind, _seq, fn, args = heapq.heappop(self._heap)
         self._kinds[kind] -= 1
+        self._ran[kind] += 1
         # Invariant: virtual time never goes backwards.
         assert time >= self.now, (time, self.now)
         self.now = time

@@ -99,6 +99,7 @@ class Simulation:
         self._idle_period = max(periods)
         self._idle_settle_s = settle
         self._idle_state: tuple[object, ...] | None = None
+        self._idle_activity = (-1, -1)  # engine events and arrivals run by the last idle tick
         self._idle_since = 0.0
         self._last_arrival = -math.inf
         self.idle_windows_skipped = 0
@@ -122,6 +123,7 @@ class Simulation:
         if self.loop.now >= self._timer_at:
             self._timer_at = math.inf
         self.pool.on_timer(self.loop.now)
+        self._idle_tick()
 
     def _arm_timer(self) -> None:
         nt = self.pool.next_timer()
@@ -133,21 +135,22 @@ class Simulation:
         """Jump an idle gap in O(1) instead of walking it tick by tick (a trace with one arrival hours or
         years after the rest would otherwise run every window end and cache scan in between).
 
-        Idle: no engine event queued (no prefill, copy, park, ack or switch pending), so only timers and the
-        next arrival remain. Once :meth:`PrefillPool.idle_state` has stayed equal through a whole timer period
-        of idle ticks (every kind of tick ran once and changed nothing) and the forecast no longer depends on
-        the time, every further tick before the next arrival is the same no-op: they are skipped. Results are
-        those of the walk (up to float rounding of the window grid), only the skipped windows' reports are not
-        kept.
+        Called after each timer tick. Idle: no engine event queued (no prefill, copy, park, ack or switch
+        pending), so only timers and the next arrival remain. Once :meth:`PrefillPool.idle_state` has stayed
+        equal through a whole timer period of idle ticks with nothing else run in between (every kind of tick
+        ran once and changed nothing) and the forecast no longer depends on the time, every further tick before
+        the next arrival is the same no-op: they are skipped. Results are those of the walk (up to float
+        rounding of the window grid), only the skipped windows' reports are not kept.
         """
         loop = self.loop
         if loop.pending(EventKind.ENGINE):
             self._idle_state = None
             return
         now = loop.now
+        activity = (loop.ran(EventKind.ENGINE), loop.ran(EventKind.ARRIVAL))
         state = self.pool.idle_state()
-        if state != self._idle_state:
-            self._idle_state, self._idle_since = state, now
+        if state != self._idle_state or activity != self._idle_activity:
+            self._idle_state, self._idle_since, self._idle_activity = state, now, activity
             return
         if now - self._idle_since < self._idle_period or now < self._last_arrival + self._idle_settle_s:
             return
@@ -168,7 +171,6 @@ class Simulation:
         loop, col = self.loop, self.collector
         total = len(self.requests)
         while loop.step():
-            self._idle_tick()
             self._arm_timer()
             if col.remaining == 0 and self._next >= total:
                 break
