@@ -345,12 +345,12 @@ class PrefillPool:
             if ticket.running:  # a strike against the request: it may be what failed the worker
                 self._strikes[rid] = self._strikes.get(rid, 0) + 1
                 if self._strikes[rid] >= MAX_FAILED_RUNS:
-                    self._give_up(ticket.request, ticket, reason)
+                    self._give_up(ticket.request, ticket)
                     continue
             self._replace(ticket.request)
         self.epochs.restart(group)
 
-    def _give_up(self, request: Request, ticket: Ticket, reason: str) -> None:
+    def _give_up(self, request: Request, ticket: Ticket) -> None:
         """A request whose prefill was running on ``MAX_FAILED_RUNS`` workers when they failed fails alone: a
         request that breaks workers (an engine bug it triggers) must not be re-placed onto the rest of the pool."""
         self._strikes.pop(request.request_id, None)
