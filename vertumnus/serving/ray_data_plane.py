@@ -295,9 +295,16 @@ class RayDataPlane:
             # test hook: a restarting worker held at START waits here, its ranks back, until released (so a
             # test sees the outage: /health 503 while it is the only worker)
             await self.holds.at_start(group.worker_id, "restart")
-            self._new_worker(group)
+            lane = self._new_worker(group)
             self._fresh -= set(group.global_ranks(self.gpn))
-            await self._assign(group, epoch)
+            try:
+                await self._assign(group, epoch)
+            except BaseException:
+                # not a new failure for the pool (it still waits for this restart's acks): the lane only must not
+                # count as live on the next attempt (its ranks are replaced, not regrouped)
+                lane.failed = True
+                lane.queue.clear()
+                raise
             log.warning(
                 "worker %d restarted under epoch %d in %.1f s (ranks replaced: %s, kept: %s; generation %d in %.1f s)",
                 group.worker_id, epoch, self.clock() - t0, sorted(stale) or "none",
