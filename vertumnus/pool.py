@@ -53,6 +53,11 @@ from vertumnus.types import (
 
 # a request running on this many workers when each of them failed is failed instead of re-placed again
 MAX_FAILED_RUNS = 2
+# The error of a request given up after MAX_FAILED_RUNS (its own text: no engine internals in it).
+GAVE_UP_ERROR = (
+    f"the prefill failed on {MAX_FAILED_RUNS} workers (each failed while running it); "
+    "it is not retried on the rest of the pool"
+)
 
 __all__ = ["PoolListener", "PoolSnapshot", "PrefillPool", "RequestRejected", "WorkerSnapshot"]
 
@@ -355,10 +360,8 @@ class PrefillPool:
         request that breaks workers (an engine bug it triggers) must not be re-placed onto the rest of the pool."""
         self._strikes.pop(request.request_id, None)
         now = self.clock()
-        error = (
-            f"the prefill failed on {MAX_FAILED_RUNS} workers (each failed while running it); "
-            "it is not retried on the rest of the pool"
+        result = PrefillResult(
+            request.request_id, ticket.worker_id, 0, ticket.started_s, now, ok=False, error=GAVE_UP_ERROR
         )
-        result = PrefillResult(request.request_id, ticket.worker_id, 0, ticket.started_s, now, ok=False, error=error)
         for listener in self.listeners:
             listener.request_done(request, ticket.placement, result)

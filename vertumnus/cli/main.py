@@ -35,6 +35,7 @@ COMMAND_MODULES = (
     "profile_cmd",
     "evaluate_cmd",
     "bench_profile_fit",
+    "tokenizer_cmd",
 )
 
 for _name in COMMAND_MODULES:

@@ -3,7 +3,8 @@
 Routes::
 
     POST /v1/completions, /v1/chat/completions   generation (JSON or SSE with "stream": true)
-    GET  /v1/models                              the served model
+    GET  /v1/models, /v1/models/{id}             the served model (``root``: where its tokenizer is)
+    POST /tokenize, /detokenize                  vLLM-style tokenizer endpoints (vertumnus/serving/model_api.py)
     GET  /health, /ready                         200 {"status": "ok"} while a worker can serve; 503 {"status":
                                                  "starting"|"unavailable", "reason": ...} before / while none can
     GET  /live                                   200 while the process and its event loop answer (liveness)
@@ -35,13 +36,12 @@ from fastapi.responses import JSONResponse, Response
 
 from vertumnus.serving.errors import APIError, install_error_handlers
 from vertumnus.serving.holds import HoldAt, HookedDataPlane, PrefillHolds
+from vertumnus.serving.model_api import add_model_routes
 from vertumnus.serving.openai_api import OpenAIHandlers, parse_body
 from vertumnus.serving.runtime import ServingRuntime
 from vertumnus.serving.schemas import (
     FailRequest,
     HoldRequest,
-    ModelCard,
-    ModelList,
     ReconfigureRequest,
     ReleaseRequest,
 )
@@ -79,10 +79,7 @@ def create_app(
     app.add_route("/v1/completions", handlers.completions, methods=["POST"])
     app.add_route("/v1/chat/completions", handlers.chat, methods=["POST"])
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        card = ModelCard(id=cfg.model.name, max_model_len=cfg.pool.max_model_len)
-        return ModelList(data=[card]).model_dump()
+    add_model_routes(app, cfg, handlers.tok)
 
     @app.get("/health")
     @app.get("/ready")

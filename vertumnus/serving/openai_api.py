@@ -3,17 +3,30 @@
 The body is read and validated inside the handler (not by FastAPI's dependency layer) so that the request's
 arrival instant precedes parsing (the router-overhead measurement starts at "HTTP in") and so that malformed
 JSON (400) and schema violations (422) get OpenAI-style bodies from one place.
+
+Behaviour a client can rely on:
+
+- ``X-Request-Id`` (optional, ``[A-Za-z0-9._:-]{1,128}``) names the request: its id is ``cmpl-<X-Request-Id>``
+  (``chatcmpl-…``), it is echoed in the response's ``X-Request-Id`` header and ``/v1/requests/{id}`` finds it; an
+  id still in flight is a 400 (``duplicate_request_id``). Without it the server makes one up.
+- A streamed response's first event is sent when the first token exists (for chat: the role and the first
+  token's text together), so a client's time-to-first-chunk is the server's TTFT, not the time to the headers.
+- A non-streamed request whose client disconnects is cancelled at once (prefill hand-off dropped, decode
+  aborted, outcome ``cancelled``) instead of being decoded to the end for nobody.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.background import BackgroundTask
 
@@ -35,6 +48,8 @@ from vertumnus.serving.tokenizer import ChatTurn, TextStream, Tokenizer
 
 B = TypeVar("B", bound=BaseModel)
 S = TypeVar("S", bound=_SamplingFields)
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 async def parse_body(raw: Request, model: type[B]) -> B:
@@ -60,6 +75,7 @@ class OpenAIHandlers:
         self.model_name = runtime.cfg.model.name
         self.default_max_tokens = runtime.cfg.serving.default_max_tokens
         self.max_model_len = runtime.cfg.pool.max_model_len
+        self._live: set[str] = set()  # request ids in flight (X-Request-Id uniqueness)
 
     # -- endpoints ------------------------------------------------------------------------------------------
     async def completions(self, raw: Request) -> Any:
@@ -67,6 +83,7 @@ class OpenAIHandlers:
         body = await self._parse(raw, CompletionRequest)
         if isinstance(body.prompt, str):
             ids = self.tok.encode(body.prompt)
+            echo = body.prompt
         else:
             ids = list(body.prompt)  # type: ignore[arg-type]
             try:
@@ -74,7 +91,10 @@ class OpenAIHandlers:
             except ValueError as e:
                 self.rt.metrics.requests.labels("invalid").inc()
                 raise APIError(400, str(e), param="prompt", code="invalid_token_ids") from None
-        return await self._run(body, ids, self.tok.eos_ids, "cmpl", arrival, chat=False)
+            echo = self.tok.decode(ids)
+        return await self._run(
+            raw, body, ids, self.tok.eos_ids, "cmpl", arrival, chat=False, echo=echo if body.echo else ""
+        )
 
     async def chat(self, raw: Request) -> Any:
         arrival = self.rt.clock()
@@ -82,11 +102,11 @@ class OpenAIHandlers:
         ids = self.tok.apply_chat_template([ChatTurn(m.role, m.text()) for m in body.messages])
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        return await self._run(body, ids, self.tok.chat_end_ids, "chatcmpl", arrival, chat=True)
+        return await self._run(raw, body, ids, self.tok.chat_end_ids, "chatcmpl", arrival, chat=True)
 
     # -- shared ---------------------------------------------------------------------------------------------
     async def _parse(self, raw: Request, model: type[S]) -> S:
-        """Body + model name check; failures count as outcome "invalid"."""
+        """Body + model name + unsupported-option check; failures count as outcome "invalid"."""
         try:
             body = await parse_body(raw, model)
             if body.model != self.model_name:
@@ -96,15 +116,54 @@ class OpenAIHandlers:
                     param="model",
                     code="model_not_found",
                 )
+            field = body.unsupported()
+            if field is not None:
+                raise APIError(
+                    400,
+                    f"{field}={getattr(body, field)!r} is not supported by this server; omit it or send its default",
+                    param=field,
+                    code="unsupported_parameter",
+                )
         except APIError:
             self.rt.metrics.requests.labels("invalid").inc()
             raise
         return body
 
+    def _request_id(self, raw: Request, prefix: str) -> tuple[str, str | None]:
+        """(request id, the client's X-Request-Id or None)."""
+        client = raw.headers.get("x-request-id")
+        if client is None:
+            return self.rt.new_request_id(prefix), None
+        if not _REQUEST_ID.fullmatch(client):
+            raise APIError(
+                400, "X-Request-Id must be 1-128 characters of [A-Za-z0-9._:-]", param="X-Request-Id",
+                code="invalid_request_id",
+            )  # fmt: skip
+        rid = f"{prefix}-{client}"
+        if rid in self._live:
+            raise APIError(
+                400, f"X-Request-Id {client!r} is already in use by a request in flight", param="X-Request-Id",
+                code="duplicate_request_id",
+            )  # fmt: skip
+        return rid, client
+
     async def _run(
-        self, body: _SamplingFields, ids: list[int], ends: frozenset[int], prefix: str, arrival: float, chat: bool
+        self,
+        raw: Request,
+        body: _SamplingFields,
+        ids: list[int],
+        ends: frozenset[int],
+        prefix: str,
+        arrival: float,
+        chat: bool,
+        echo: str = "",
     ) -> Any:
         rt = self.rt
+        try:
+            rid, client_id = self._request_id(raw, prefix)
+        except APIError:
+            rt.metrics.requests.labels("invalid").inc()
+            raise
         rt.check_length(len(ids))
         max_tokens = body.max_tokens or self.default_max_tokens
         if len(ids) + max_tokens > self.max_model_len:
@@ -120,23 +179,28 @@ class OpenAIHandlers:
         params = SamplingParams(max_tokens, body.temperature, body.top_p, body.seed, stop_ids)
         rt.admit()
         try:
-            rid = rt.new_request_id(prefix)
             slo = None if body.ttft_slo_ms is None else body.ttft_slo_ms / 1000.0
             sub = rt.submit(rid, ids, max_tokens, slo, body.user, arrival)
         except BaseException:
             rt.release()
             raise
-        gen = _Generation(rt, sub, params, eos | stop_ids, TextStream(self.tok, body.stop_list()))
+        self._live.add(rid)
+        gen = _Generation(rt, sub, params, eos | stop_ids, TextStream(self.tok, body.stop_list()), self._live)
+        headers = {"X-Request-Id": client_id} if client_id is not None else {}
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             fmt = _ChatChunks(rid, self.model_name) if chat else _TextChunks(rid, self.model_name)
             return StreamingResponse(
-                _sse(gen, fmt, include_usage, body.return_token_ids),
+                _sse(gen, fmt, include_usage, body.return_token_ids, echo),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
+                headers={"Cache-Control": "no-cache", **headers},
                 background=BackgroundTask(gen.close),
             )
-        text, token_ids, reason = await gen.collect()
+        collected = await _unless_disconnected(raw, gen)
+        if collected is None:  # the client left: nothing to send (the connection is gone)
+            return Response(status_code=499)
+        text, token_ids, reason = collected
+        text = echo + text
         usage = Usage(
             prompt_tokens=len(ids),
             completion_tokens=len(token_ids),
@@ -163,7 +227,32 @@ class OpenAIHandlers:
         if not body.return_token_ids:
             for c in data["choices"]:
                 c.pop("token_ids", None)
-        return JSONResponse(data)
+        return JSONResponse(data, headers=headers)
+
+
+async def _unless_disconnected(raw: Request, gen: _Generation) -> tuple[str, list[int], str | None] | None:
+    """``gen.collect()``, cancelled (and None returned) as soon as the client disconnects.
+
+    The body has been read, so the next ASGI ``receive`` only returns when the client goes away
+    (``http.disconnect``); racing it against the generation costs one waiting task, no polling."""
+
+    async def disconnected() -> None:
+        while (await raw.receive())["type"] != "http.disconnect":
+            pass
+
+    work = asyncio.ensure_future(gen.collect())
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()  # closes the decode stream: outcome "cancelled", decode aborted
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
+    gen.close()
+    return None
 
 
 class _Generation:
@@ -172,9 +261,16 @@ class _Generation:
     response's background task, which also covers a client that left before the stream started."""
 
     def __init__(
-        self, rt: ServingRuntime, sub: Submission, params: SamplingParams, eos: frozenset[int], text: TextStream
+        self,
+        rt: ServingRuntime,
+        sub: Submission,
+        params: SamplingParams,
+        eos: frozenset[int],
+        text: TextStream,
+        live: set[str],
     ) -> None:
         self.rt, self.sub, self.params, self.eos, self.text = rt, sub, params, eos, text
+        self._live = live  # the handlers' in-flight ids: this one leaves it on close
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self._started = False
@@ -206,6 +302,7 @@ class _Generation:
         if self._closed:
             return
         self._closed = True
+        self._live.discard(self.sub.timeline.request_id)
         if not self._started:
             self.rt.cancel_unstarted(self.sub)
         self.rt.release()
@@ -220,10 +317,7 @@ class _TextChunks:
     def __init__(self, rid: str, model: str) -> None:
         self.base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model}
 
-    def first(self) -> dict[str, Any] | None:
-        return None
-
-    def delta(self, text: str, reason: str | None, ids: list[int] | None) -> dict[str, Any]:
+    def delta(self, text: str, reason: str | None, ids: list[int] | None, first: bool = False) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
         if ids is not None:
             choice["token_ids"] = ids
@@ -234,21 +328,11 @@ class _ChatChunks:
     def __init__(self, rid: str, model: str) -> None:
         self.base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
 
-    def first(self) -> dict[str, Any] | None:
-        return {
-            **self.base,
-            "choices": [
-                {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None}
-            ],
-        }
-
-    def delta(self, text: str, reason: str | None, ids: list[int] | None) -> dict[str, Any]:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "delta": {"content": text} if text else {},
-            "finish_reason": reason,
-            "logprobs": None,
-        }
+    def delta(self, text: str, reason: str | None, ids: list[int] | None, first: bool = False) -> dict[str, Any]:
+        # The first chunk carries the role with the first token's text (possibly "" while a UTF-8 character is
+        # incomplete): it is sent when that token exists, never before the prefill.
+        delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text} if text else {}
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
         if ids is not None:
             choice["token_ids"] = ids
         return {**self.base, "choices": [choice]}
@@ -259,18 +343,22 @@ def _event(obj: dict[str, Any]) -> bytes:
 
 
 async def _sse(
-    gen: _Generation, fmt: _TextChunks | _ChatChunks, include_usage: bool, with_ids: bool
+    gen: _Generation, fmt: _TextChunks | _ChatChunks, include_usage: bool, with_ids: bool, echo: str = ""
 ) -> AsyncIterator[bytes]:
-    """Server-sent events: chunks, the finishing chunk, optional usage, ``[DONE]``. An error after the headers
-    went out is sent as an error event (the status line is already 200)."""
+    """Server-sent events: chunks, the finishing chunk, optional usage, ``[DONE]``. The first event goes out
+    with the first token (the echoed prompt, if any, in front of it). An error after the headers went out is
+    sent as an error event (the status line is already 200)."""
+    first = True
     try:
-        first = fmt.first()
-        if first is not None:
-            yield _event(first)
         async for delta, ids in gen.deltas():
-            if delta or with_ids:
+            if first:
+                yield _event(fmt.delta(echo + delta, None, ids if with_ids else None, first=True))
+                first = False
+            elif delta or with_ids:
                 yield _event(fmt.delta(delta, None, ids if with_ids else None))
-        yield _event(fmt.delta("", gen.finish_reason or "stop", None))
+        if first and echo:  # nothing was generated
+            yield _event(fmt.delta(echo, None, None, first=True))
+        yield _event(fmt.delta("", gen.finish_reason or "stop", None, first=first and not echo))
         if include_usage:
             p, c = gen.sub.timeline.prompt_tokens, len(gen.token_ids)
             yield _event(

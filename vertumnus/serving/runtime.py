@@ -32,7 +32,7 @@ from typing import Any
 from vertumnus.cache.block_keys import keys_from_tokens
 from vertumnus.config import VertumnusConfig
 from vertumnus.interfaces import DataPlane, EngineStatsSource
-from vertumnus.pool import PoolSnapshot, PrefillPool, RequestRejected
+from vertumnus.pool import GAVE_UP_ERROR, PoolSnapshot, PrefillPool, RequestRejected
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.serving.errors import APIError
 from vertumnus.serving.handoff import DecodeBackend, DecodeChunk, DecodeRequest, Handoff, HandoffSource
@@ -300,11 +300,12 @@ class ServingRuntime:
             tl.outcome = "error"
             self.metrics.requests.labels("error").inc()
             raise
-        except Exception as e:
+        except Exception:
             tl.outcome = "error"
             self.metrics.requests.labels("error").inc()
             log.exception("request %s failed", request_id)
-            raise APIError(500, f"generation failed: {type(e).__name__}: {e}") from None
+            # the exception (often a Ray error with a remote traceback) goes to the log, never into the body
+            raise APIError(500, f"generation failed (request {request_id}; see the server log)") from None
         finally:
             tl.finished_s = self.clock()
             self.metrics.completion_tokens.inc(tl.completion_tokens)
@@ -359,7 +360,10 @@ class ServingRuntime:
             if placement is None:  # accepted into the backlog, then no worker could ever take it
                 sub.future.set_exception(APIError(400, f"request cannot be served: {error}", code="unservable"))
             else:
-                sub.future.set_exception(APIError(500, f"prefill failed: {error}", code="prefill_failed"))
+                # engine errors (Ray's carry pids, IPs and remote tracebacks) go to the log, not into the body
+                log.warning("request %s: prefill failed: %s", request.request_id, error)
+                public = error if error == GAVE_UP_ERROR else f"request {request.request_id}; see the server log"
+                sub.future.set_exception(APIError(500, f"prefill failed: {public}", code="prefill_failed"))
             return
         self.metrics.prefill.labels(str(placement.degree)).observe(max(result.finished_s - result.started_s, 0.0))
         self.metrics.prompt_tokens.inc(request.input_len)

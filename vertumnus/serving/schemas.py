@@ -1,7 +1,12 @@
 """OpenAI-compatible request and response bodies (the subset Vertumnus serves, plus documented extensions).
 
-Requests accept and ignore OpenAI fields that do not change the result's shape (penalties, logit_bias, …);
-``n`` must be 1 and a completions prompt is one text or one token-id list (a one-element batch is accepted).
+Unknown fields are ignored. Known OpenAI / vLLM options the decode engines do not implement (``logprobs``,
+``top_logprobs``, ``best_of``, ``logit_bias``, ``tools``, ``tool_choice``, ``response_format``, ``functions``,
+penalties, ``top_k``, ``min_p``, ``suffix``) are accepted only at their no-op value (``None``, ``0``, ``1.0`` for
+``repetition_penalty``, ``{"type": "text"}``, …) — any other value is a 400 naming the field, never silently ignored.
+``echo`` is supported on completions. ``n`` must be 1 and a completions prompt is one text or one token-id list (a
+one-element batch is accepted). ``seed`` and token ids are bounded at the edge (64-bit seed, ids in ``[0, 2**63)``;
+ids outside the model's vocabulary are a 400 from the tokenizer check).
 Extensions (send them through the openai client's ``extra_body``):
 
 - ``ttft_slo_ms``: the request's TTFT SLO τ for SLO accounting (default: ``slo.base_s + slo.per_token_s·L``);
@@ -12,9 +17,13 @@ Extensions (send them through the openai client's ``extra_body``):
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# torch.Generator.manual_seed and the engines take a signed 64-bit seed; token ids fit an int64 everywhere.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+TokenId = Annotated[int, Field(ge=0, lt=2**63)]
 
 
 class _Body(BaseModel):
@@ -31,16 +40,52 @@ class _SamplingFields(_Body):
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)
     # extensions
     ttft_slo_ms: float | None = Field(None, gt=0)
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
+    # known options that no decode engine here implements: accepted only at their no-op value (unsupported())
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+
+    def unsupported(self) -> str | None:
+        """The first option set to a value this server would otherwise have to ignore (None: all honoured)."""
+        noop: dict[str, tuple[Any, ...]] = {
+            "logit_bias": (None, {}),
+            "presence_penalty": (None, 0.0),
+            "frequency_penalty": (None, 0.0),
+            "repetition_penalty": (None, 1.0),
+            "top_k": (None, 0, -1),
+            "min_p": (None, 0.0),
+            "response_format": (None, {"type": "text"}),
+            "tools": (None, []),
+            "tool_choice": (None, "none"),
+            "functions": (None, []),
+            "function_call": (None, "none"),
+            **self._more_noop(),
+        }
+        for name, allowed in noop.items():
+            if getattr(self, name) not in allowed:
+                return name
+        return None
+
+    def _more_noop(self) -> dict[str, tuple[Any, ...]]:
+        return {}
 
     @field_validator("stop")
     @classmethod
@@ -57,7 +102,14 @@ class _SamplingFields(_Body):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+    echo: bool = False  # prepend the prompt's text to the completion (supported)
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def _more_noop(self) -> dict[str, tuple[Any, ...]]:
+        return {"logprobs": (None,), "best_of": (None, 1), "suffix": (None, "")}
 
     @field_validator("prompt")
     @classmethod
@@ -93,6 +145,11 @@ class ChatMessage(_Body):
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    def _more_noop(self) -> dict[str, tuple[Any, ...]]:
+        return {"logprobs": (None, False), "top_logprobs": (None, 0)}
 
 
 class Usage(BaseModel):
@@ -142,16 +199,45 @@ class ChatCompletionResponse(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """As vLLM's server lists a model: ``root`` (the model's source) is read by clients such as
+    ``vllm bench serve`` to pick a tokenizer."""
+
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "vertumnus"
+    root: str
+    parent: str | None = None
     max_model_len: int
+    permission: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class TokenizeRequest(_Body):
+    """``POST /tokenize`` (vLLM's shape): a completions ``prompt`` or chat ``messages``."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+
+    @field_validator("messages")
+    @classmethod
+    def _nonempty(cls, v: list[ChatMessage] | None) -> list[ChatMessage] | None:
+        if v is not None and not v:
+            raise ValueError("messages must not be empty")
+        return v
+
+
+class DetokenizeRequest(_Body):
+    """``POST /detokenize``: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[TokenId]
 
 
 class ReconfigureRequest(_Body):
