@@ -17,8 +17,10 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 from server_harness import WAIT_S, Server
 from serving_reference import generate, tokenizer
+from serving_reference import model as reference_model
 
 from vertumnus.serving.model_api import SHIPPED_TOKENIZER
 
@@ -157,11 +159,8 @@ def test_out_of_range_numbers_are_4xx_at_the_edge_and_the_connection_survives(sh
 
 
 UNSUPPORTED = [
-    ("/v1/completions", "logprobs", 1),
     ("/v1/completions", "best_of", 2),
     ("/v1/completions", "suffix", "tail"),
-    ("/v1/chat/completions", "logprobs", True),
-    ("/v1/chat/completions", "top_logprobs", 2),
     ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
     ("/v1/chat/completions", "tool_choice", "required"),
     ("/v1/chat/completions", "response_format", {"type": "json_object"}),
@@ -187,11 +186,70 @@ def test_unsupported_options_are_400_naming_the_field_and_their_defaults_pass(sh
         assert field in e["message"]
     # what clients send by default (vllm bench serve: repetition_penalty 1.0, logprobs null) is accepted
     noop = {"repetition_penalty": 1.0, "logprobs": None, "presence_penalty": 0.0, "logit_bias": {}, "top_k": -1}
+    # prompt logprobs are not computed: echo with logprobs is refused, naming echo
+    _err(_post(shared, "/v1/completions", _body("/v1/completions", echo=True, logprobs=1)), 400, None, "echo")
     assert _post(shared, "/v1/completions", _body("/v1/completions", **noop, best_of=1)).status_code == 200
     chat_noop = {"logprobs": False, "tool_choice": "none", "tools": [], "response_format": {"type": "text"}}
     assert _post(shared, "/v1/chat/completions", _body("/v1/chat/completions", **chat_noop)).status_code == 200
-    assert before.delta("vertumnus_requests_total", 'outcome="invalid"') == len(UNSUPPORTED)
+    assert before.delta("vertumnus_requests_total", 'outcome="invalid"') == len(UNSUPPORTED) + 1
     assert before.delta("vertumnus_requests_total", 'outcome="ok"') == 2
+
+
+def _reference_logprobs(shared: Server, ids: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy tokens of ``ids`` and the log-softmax each was drawn from (the reference model, one process)."""
+    m = reference_model(shared.cfg.model.model_dump_json())
+    out, dists = [], []
+    with torch.inference_mode():
+        logits, cache = m.prefill(list(ids))
+        for _ in range(n):
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            tok = int(torch.argmax(lp))
+            out.append(tok)
+            dists.append(lp)
+            logits = m.forward([tok], cache, last_only=True)[0]
+    return out, dists
+
+
+def test_logprobs_on_completions_and_chat_are_the_models(shared: Server) -> None:
+    cfg = shared.cfg.model
+    tok = tokenizer(cfg)
+    prompt = "log probabilities"
+    want, dists = _reference_logprobs(shared, tok.encode(prompt), 4)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    r = _post(shared, "/v1/completions", {**body, "logprobs": 3, "return_tokens_as_token_ids": True})
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["tokens"] == [f"token_id:{i}" for i in want]
+    for i, (t, v, top, d) in enumerate(zip(want, lp["token_logprobs"], lp["top_logprobs"], dists, strict=True)):
+        assert v == pytest.approx(float(d[t]), abs=1e-4), i
+        best = torch.topk(d, 3)
+        assert list(top) == [f"token_id:{j}" for j in best.indices.tolist()]  # greedy: the sampled one is the best
+        assert list(top.values()) == pytest.approx(best.values.tolist(), abs=1e-4)
+    assert lp["text_offset"] == [sum(len(f"token_id:{j}") for j in want[:i]) for i in range(4)]
+    # token texts by default, and the same figures streamed chunk by chunk
+    r = _post(shared, "/v1/completions", {**body, "logprobs": 0})
+    plain = r.json()["choices"][0]["logprobs"]
+    assert plain["tokens"] == [tok.decode([i]) for i in want]
+    assert plain["token_logprobs"] == pytest.approx(lp["token_logprobs"], abs=1e-6)
+    with httpx.stream("POST", shared.url + "/v1/completions", json={**body, "logprobs": 0, "stream": True},
+                      timeout=120) as s:  # fmt: skip
+        events = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
+    streamed = [v for e in events if e["choices"][0]["logprobs"] for v in e["choices"][0]["logprobs"]["token_logprobs"]]
+    assert streamed == pytest.approx(lp["token_logprobs"], abs=1e-6)
+    # chat: logprobs + top_logprobs
+    from vertumnus.serving.tokenizer import ChatTurn
+
+    msgs = [{"role": "user", "content": "chat logprobs"}]
+    want, dists = _reference_logprobs(shared, tok.apply_chat_template([ChatTurn("user", "chat logprobs")]), 3)
+    chat = {"model": MODEL, "messages": msgs, "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    r = _post(shared, "/v1/chat/completions", {**chat, "logprobs": True, "top_logprobs": 2})
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == [tok.decode([i]) for i in want]
+    for c, t, d in zip(content, want, dists, strict=True):
+        assert c["logprob"] == pytest.approx(float(d[t]), abs=1e-4)
+        assert c["bytes"] == list(c["token"].encode())
+        assert [a["logprob"] for a in c["top_logprobs"]] == pytest.approx(torch.topk(d, 2).values.tolist(), abs=1e-4)
+    _err(_post(shared, "/v1/chat/completions", {**chat, "top_logprobs": 2}), 422, param=None)
 
 
 def test_echo_puts_the_prompt_before_the_completion(shared: Server) -> None:

@@ -368,3 +368,21 @@ def test_external_decode_backend_against_an_openai_endpoint(server: Any) -> None
     assert got == want
     assert reason == ("stop" if want[-1] == EOS else "length")
     assert stats == {"backend": "external", "url": server.url, "active": 0}
+
+    async def with_logprobs() -> tuple[list[int], list[Any]]:
+        # logprobs pass through (vLLM's request shape: logprobs + return_tokens_as_token_ids)
+        backend = ExternalDecode(server.url, "vertumnus-tiny")
+        await backend.start()
+        got, lps = [], []
+        params = SamplingParams(max_tokens=5, temperature=0.0, logprobs=2)
+        async for chunk in backend.stream(DecodeRequest(Handoff("ext-2", ids), params, frozenset())):
+            got.extend(chunk.token_ids)
+            lps.extend(chunk.logprobs or [])
+        await backend.close()
+        return got, lps
+
+    got, lps = asyncio.run(with_logprobs())
+    assert got == generate(cfg, ids, 5, []) and len(lps) == 5
+    for t, lp in zip(got, lps, strict=True):
+        assert lp.top[0][0] == t and lp.top[0][1] == pytest.approx(lp.logprob)  # greedy: the best alternative
+        assert len(lp.top) == 2 and lp.top[1][1] <= lp.logprob <= 0.0

@@ -18,7 +18,7 @@ import torch
 
 from vertumnus.config import ModelConfig
 from vertumnus.cp.model import KVCache, ReferenceModel
-from vertumnus.serving.sampling import Sampler, SamplingParams
+from vertumnus.serving.sampling import Sampler, SamplingParams, TokenLogprob, token_logprob
 
 
 @dataclass(slots=True)
@@ -73,11 +73,13 @@ class DecodeEngine:
         cache = KVCache.from_tensor(kv, dims)
         self._seqs[request_id] = _Sequence(cache, Sampler(params), eos_ids, params.max_tokens, out.logits)
 
-    def step(self, request_id: str) -> tuple[int, str | None]:
-        """Emit the next token of ``request_id``: (id, finish reason or None). The sequence is closed once it
-        finished."""
+    def step(self, request_id: str) -> tuple[int, str | None, TokenLogprob | None]:
+        """Emit the next token of ``request_id``: (id, finish reason or None, its logprob when the request asked
+        for them). The sequence is closed once it finished."""
         seq = self._seqs[request_id]
         tok = seq.sampler.sample(seq.next_logits)
+        k = seq.sampler.params.logprobs
+        lp = None if k is None else token_logprob(seq.next_logits, tok, k)
         seq.emitted += 1
         reason = "stop" if tok in seq.eos_ids else ("length" if seq.emitted >= seq.max_tokens else None)
         if reason is not None:
@@ -85,7 +87,7 @@ class DecodeEngine:
         else:
             with torch.inference_mode():
                 seq.next_logits = self.model.forward([tok], seq.cache, last_only=True)[0]
-        return tok, reason
+        return tok, reason, lp
 
     def close(self, request_id: str) -> None:
         """Free a sequence's KV (idempotent)."""

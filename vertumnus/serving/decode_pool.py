@@ -23,7 +23,7 @@ import ray
 from vertumnus.config import ModelConfig
 from vertumnus.serving.decode_engine import DecodeEngine, KVHandle, PrefillOutput
 from vertumnus.serving.handoff import DecodeChunk, DecodeRequest
-from vertumnus.serving.sampling import SamplingParams
+from vertumnus.serving.sampling import SamplingParams, TokenLogprob
 
 log = logging.getLogger("vertumnus.serving")
 _CHUNK_S = 0.01
@@ -54,18 +54,22 @@ class DecodeActor:
             return
         self.engine.open(request_id, PrefillOutput(kv, handle.logits), params, eos_ids)
         try:
-            tok, reason = self.engine.step(request_id)
-            yield DecodeChunk([tok], reason)
+            want_lp = params.logprobs is not None
+            tok, reason, lp = self.engine.step(request_id)
+            yield DecodeChunk([tok], reason, [lp] if lp is not None else None)
             while reason is None:
                 toks: list[int] = []
+                lps: list[TokenLogprob] = []
                 t0 = time.monotonic()
                 while reason is None and time.monotonic() - t0 < _CHUNK_S:
                     await asyncio.sleep(0)  # let other sequences and abort() run between steps
                     if request_id in self._aborted:
                         return
-                    tok, reason = self.engine.step(request_id)
+                    tok, reason, lp = self.engine.step(request_id)
                     toks.append(tok)
-                yield DecodeChunk(toks, reason)
+                    if lp is not None:
+                        lps.append(lp)
+                yield DecodeChunk(toks, reason, lps if want_lp else None)
         finally:
             self.engine.close(request_id)
             self._aborted.discard(request_id)

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from vertumnus.serving.handoff import DecodeChunk, DecodeRequest
+from vertumnus.serving.sampling import TokenLogprob
 
 
 class ExternalDecode:
@@ -47,6 +48,9 @@ class ExternalDecode:
         }
         if p.seed is not None:
             body["seed"] = p.seed
+        if p.logprobs is not None:  # vLLM: ids as "token_id:N" so they need no tokenizer here
+            body["logprobs"] = p.logprobs
+            body["return_tokens_as_token_ids"] = True
         if req.handoff.kv_transfer_params is not None:
             body["kv_transfer_params"] = req.handoff.kv_transfer_params
         return body
@@ -102,4 +106,28 @@ def _parse_event(line: str) -> DecodeChunk | None:
         if ch.get("text"):
             raise RuntimeError("decode endpoint returned text without token_ids; it must support return_token_ids")
         ids = []  # e.g. the finishing chunk
-    return DecodeChunk(list(ids), ch.get("finish_reason"))
+    return DecodeChunk(list(ids), ch.get("finish_reason"), _parse_logprobs(ch.get("logprobs"), len(ids)))
+
+
+def _token_id(token: str) -> int:
+    if not token.startswith("token_id:"):
+        raise RuntimeError(
+            f"decode endpoint returned logprob token {token!r}; it must support return_tokens_as_token_ids"
+        )
+    return int(token[len("token_id:") :])
+
+
+def _parse_logprobs(obj: dict[str, Any] | None, n: int) -> list[TokenLogprob] | None:
+    """A completions chunk's ``logprobs`` object (``tokens`` as ``token_id:N``) → one TokenLogprob per id, its
+    alternatives most likely first (vLLM's may include the sampled token itself beyond the k asked for)."""
+    if obj is None:
+        return None
+    lps = obj.get("token_logprobs") or []
+    tops = obj.get("top_logprobs") or [None] * len(lps)
+    if len(lps) != n:
+        raise RuntimeError(f"decode endpoint returned {len(lps)} logprobs for {n} tokens")
+    out = []
+    for lp, top in zip(lps, tops, strict=True):
+        ranked = sorted(((_token_id(t), float(v)) for t, v in (top or {}).items()), key=lambda x: -x[1])
+        out.append(TokenLogprob(float(lp), tuple(ranked)))
+    return out

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from vertumnus.serving.sampling import SamplingParams
+from vertumnus.serving.sampling import SamplingParams, TokenLogprob
 
 
 @dataclass(slots=True)
@@ -36,6 +36,7 @@ class DecodeChunk:
 
     token_ids: list[int]
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token id when the request asked for logprobs
 
 
 @dataclass(slots=True, frozen=True)

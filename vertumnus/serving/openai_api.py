@@ -22,7 +22,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -31,8 +31,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.background import BackgroundTask
 
 from vertumnus.serving.errors import APIError
+from vertumnus.serving.logprobs import LogprobFormatter
 from vertumnus.serving.runtime import ServingRuntime, Submission
-from vertumnus.serving.sampling import SamplingParams
+from vertumnus.serving.sampling import SamplingParams, TokenLogprob
 from vertumnus.serving.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -92,6 +93,12 @@ class OpenAIHandlers:
                 self.rt.metrics.requests.labels("invalid").inc()
                 raise APIError(400, str(e), param="prompt", code="invalid_token_ids") from None
             echo = self.tok.decode(ids)
+        if body.echo and body.logprobs is not None:
+            self.rt.metrics.requests.labels("invalid").inc()
+            raise APIError(
+                400, "echo with logprobs (prompt logprobs) is not supported", param="echo",
+                code="unsupported_parameter",
+            )  # fmt: skip
         return await self._run(
             raw, body, ids, self.tok.eos_ids, "cmpl", arrival, chat=False, echo=echo if body.echo else ""
         )
@@ -128,6 +135,12 @@ class OpenAIHandlers:
             self.rt.metrics.requests.labels("invalid").inc()
             raise
         return body
+
+    def _token_text(self, body: _SamplingFields) -> Callable[[int], str]:
+        """How logprobs name a token: its own decoding, or ``token_id:N`` (vLLM's return_tokens_as_token_ids)."""
+        if body.return_tokens_as_token_ids:
+            return lambda i: f"token_id:{i}"
+        return lambda i: self.tok.decode([i])
 
     def _request_id(self, raw: Request, prefix: str) -> tuple[str, str | None]:
         """(request id, the client's X-Request-Id or None)."""
@@ -176,7 +189,9 @@ class OpenAIHandlers:
             )
         eos = frozenset() if body.ignore_eos else ends
         stop_ids = frozenset(body.stop_token_ids or ())
-        params = SamplingParams(max_tokens, body.temperature, body.top_p, body.seed, stop_ids)
+        k = body.logprobs_k()
+        params = SamplingParams(max_tokens, body.temperature, body.top_p, body.seed, stop_ids, logprobs=k)
+        lp_fmt = None if k is None else LogprobFormatter(self._token_text(body), start_offset=len(echo))
         rt.admit()
         try:
             slo = None if body.ttft_slo_ms is None else body.ttft_slo_ms / 1000.0
@@ -189,7 +204,7 @@ class OpenAIHandlers:
         headers = {"X-Request-Id": client_id} if client_id is not None else {}
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            fmt = _ChatChunks(rid, self.model_name) if chat else _TextChunks(rid, self.model_name)
+            fmt = _ChatChunks(rid, self.model_name, lp_fmt, k) if chat else _TextChunks(rid, self.model_name, lp_fmt)
             return StreamingResponse(
                 _sse(gen, fmt, include_usage, body.return_token_ids, echo),
                 media_type="text/event-stream",
@@ -209,19 +224,26 @@ class OpenAIHandlers:
         )
         tids = token_ids if body.return_token_ids else None
         resp: BaseModel
+        lps = None
+        if lp_fmt is not None:
+            lps = lp_fmt.chat(token_ids, gen.logprobs, k or 0) if chat else lp_fmt.completion(token_ids, gen.logprobs)
         if chat:
             resp = ChatCompletionResponse(
                 id=rid,
                 model=self.model_name,
                 usage=usage,
-                choices=[ChatChoice(message=AssistantMessage(content=text), finish_reason=reason, token_ids=tids)],
+                choices=[
+                    ChatChoice(
+                        message=AssistantMessage(content=text), finish_reason=reason, token_ids=tids, logprobs=lps
+                    )
+                ],
             )
         else:
             resp = CompletionResponse(
                 id=rid,
                 model=self.model_name,
                 usage=usage,
-                choices=[CompletionChoice(text=text, finish_reason=reason, token_ids=tids)],
+                choices=[CompletionChoice(text=text, finish_reason=reason, token_ids=tids, logprobs=lps)],
             )
         data = resp.model_dump()
         if not body.return_token_ids:
@@ -272,27 +294,31 @@ class _Generation:
         self.rt, self.sub, self.params, self.eos, self.text = rt, sub, params, eos, text
         self._live = live  # the handlers' in-flight ids: this one leaves it on close
         self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] = []  # one per token id when the request asked for logprobs
         self.finish_reason: str | None = None
         self._started = False
         self._closed = False
 
-    async def deltas(self) -> AsyncIterator[tuple[str, list[int]]]:
-        """(text delta, new token ids) pairs; sets ``finish_reason`` before the iteration ends."""
+    async def deltas(self) -> AsyncIterator[tuple[str, list[int], list[TokenLogprob]]]:
+        """(text delta, new token ids, their logprobs if asked for) triples; sets ``finish_reason`` before the
+        iteration ends."""
         self._started = True
         stream = self.rt.stream(self.sub, self.params, self.eos)
         try:
             async for chunk in stream:
                 self.token_ids.extend(chunk.token_ids)
+                lps = chunk.logprobs or []
+                self.logprobs.extend(lps)
                 delta = self.text.feed(chunk.token_ids)
                 if self.text.stopped:
                     self.finish_reason = "stop"
                     self.rt.finish_early(self.sub, "stop")
-                    yield delta, chunk.token_ids
+                    yield delta, chunk.token_ids, lps
                     return
                 if chunk.finish_reason is not None:
                     self.finish_reason = chunk.finish_reason
                     delta += self.text.flush()
-                yield delta, chunk.token_ids
+                yield delta, chunk.token_ids, lps
         finally:
             await stream.aclose()
             self.close()
@@ -313,26 +339,37 @@ class _Generation:
         return self.text.text, self.token_ids, self.finish_reason
 
 
-class _TextChunks:
-    def __init__(self, rid: str, model: str) -> None:
-        self.base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model}
+_Tokens = tuple[list[int], list[TokenLogprob]]  # a chunk's token ids and their logprobs
 
-    def delta(self, text: str, reason: str | None, ids: list[int] | None, first: bool = False) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
+
+class _TextChunks:
+    def __init__(self, rid: str, model: str, lp: LogprobFormatter | None = None) -> None:
+        self.base = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model}
+        self.lp = lp
+
+    def delta(
+        self, text: str, reason: str | None, ids: list[int] | None, first: bool = False, toks: _Tokens | None = None
+    ) -> dict[str, Any]:
+        logprobs = self.lp.completion(*toks) if self.lp is not None and toks is not None else None
+        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
         if ids is not None:
             choice["token_ids"] = ids
         return {**self.base, "choices": [choice]}
 
 
 class _ChatChunks:
-    def __init__(self, rid: str, model: str) -> None:
+    def __init__(self, rid: str, model: str, lp: LogprobFormatter | None = None, k: int | None = None) -> None:
         self.base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+        self.lp, self.k = lp, k or 0
 
-    def delta(self, text: str, reason: str | None, ids: list[int] | None, first: bool = False) -> dict[str, Any]:
+    def delta(
+        self, text: str, reason: str | None, ids: list[int] | None, first: bool = False, toks: _Tokens | None = None
+    ) -> dict[str, Any]:
         # The first chunk carries the role with the first token's text (possibly "" while a UTF-8 character is
         # incomplete): it is sent when that token exists, never before the prefill.
         delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text} if text else {}
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+        logprobs = self.lp.chat(*toks, self.k) if self.lp is not None and toks is not None else None
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
         if ids is not None:
             choice["token_ids"] = ids
         return {**self.base, "choices": [choice]}
@@ -349,13 +386,15 @@ async def _sse(
     with the first token (the echoed prompt, if any, in front of it). An error after the headers went out is
     sent as an error event (the status line is already 200)."""
     first = True
+    with_lp = fmt.lp is not None
     try:
-        async for delta, ids in gen.deltas():
+        async for delta, ids, lps in gen.deltas():
+            toks = (ids, lps) if with_lp else None
             if first:
-                yield _event(fmt.delta(echo + delta, None, ids if with_ids else None, first=True))
+                yield _event(fmt.delta(echo + delta, None, ids if with_ids else None, first=True, toks=toks))
                 first = False
-            elif delta or with_ids:
-                yield _event(fmt.delta(delta, None, ids if with_ids else None))
+            elif delta or with_ids or with_lp:
+                yield _event(fmt.delta(delta, None, ids if with_ids else None, toks=toks))
         if first and echo:  # nothing was generated
             yield _event(fmt.delta(echo, None, None, first=True))
         yield _event(fmt.delta("", gen.finish_reason or "stop", None, first=first and not echo))

@@ -21,10 +21,30 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    logprobs: int | None = None  # report each sampled token's logprob and this many alternatives (None: off)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 1e-5
+
+
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """A sampled token's log-probability under the model's raw distribution (before temperature / top-p, as
+    vLLM reports by default) and the ``k`` most likely ids with theirs, most likely first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprob(logits: torch.Tensor, token: int, k: int) -> TokenLogprob:
+    """:class:`TokenLogprob` of ``token`` from a ``[vocab]`` logits vector."""
+    lp = torch.log_softmax(logits.float().cpu(), dim=-1)
+    top: tuple[tuple[int, float], ...] = ()
+    if k > 0:
+        vals, ids = torch.topk(lp, min(k, lp.numel()))
+        top = tuple(zip(ids.tolist(), vals.tolist(), strict=True))
+    return TokenLogprob(float(lp[token]), top)
 
 
 class Sampler:

@@ -1,17 +1,19 @@
 """OpenAI-compatible request and response bodies (the subset Vertumnus serves, plus documented extensions).
 
-Unknown fields are ignored. Known OpenAI / vLLM options the decode engines do not implement (``logprobs``,
-``top_logprobs``, ``best_of``, ``logit_bias``, ``tools``, ``tool_choice``, ``response_format``, ``functions``,
-penalties, ``top_k``, ``min_p``, ``suffix``) are accepted only at their no-op value (``None``, ``0``, ``1.0`` for
-``repetition_penalty``, ``{"type": "text"}``, …) — any other value is a 400 naming the field, never silently ignored.
-``echo`` is supported on completions. ``n`` must be 1 and a completions prompt is one text or one token-id list (a
-one-element batch is accepted). ``seed`` and token ids are bounded at the edge (64-bit seed, ids in ``[0, 2**63)``;
-ids outside the model's vocabulary are a 400 from the tokenizer check).
+Unknown fields are ignored. Known OpenAI / vLLM options the decode engines do not implement (``best_of``,
+``logit_bias``, ``tools``, ``tool_choice``, ``response_format``, ``functions``, penalties, ``top_k``, ``min_p``,
+``suffix``) are accepted only at their no-op value (``None``, ``0``, ``1.0`` for ``repetition_penalty``,
+``{"type": "text"}``, …) — any other value is a 400 naming the field, never silently ignored. ``logprobs``
+(completions: 0-20 alternatives; chat: ``logprobs`` + ``top_logprobs``) and ``echo`` (completions; not with
+``logprobs``: prompt logprobs are not computed) are supported. ``n`` must be 1 and a completions prompt is one
+text or one token-id list (a one-element batch is accepted). ``seed`` and token ids are bounded at the edge
+(64-bit seed, ids in ``[0, 2**63)``; ids outside the model's vocabulary are a 400 from the tokenizer check).
 Extensions (send them through the openai client's ``extra_body``):
 
 - ``ttft_slo_ms``: the request's TTFT SLO τ for SLO accounting (default: ``slo.base_s + slo.per_token_s·L``);
 - ``stop_token_ids``: extra token ids that end generation; ``ignore_eos``: do not stop on ``<|eos|>``;
-- ``return_token_ids``: add ``token_ids`` (generated ids) to each choice.
+- ``return_token_ids``: add ``token_ids`` (generated ids) to each choice;
+- ``return_tokens_as_token_ids`` (vLLM's): logprob tokens as ``token_id:N`` instead of their text.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # torch.Generator.manual_seed and the engines take a signed 64-bit seed; token ids fit an int64 everywhere.
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
@@ -50,6 +52,7 @@ class _SamplingFields(_Body):
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False  # vLLM: logprob tokens as "token_id:N"
     # known options that no decode engine here implements: accepted only at their no-op value (unsupported())
     logit_bias: dict[str, float] | None = None
     presence_penalty: float | None = None
@@ -87,6 +90,10 @@ class _SamplingFields(_Body):
     def _more_noop(self) -> dict[str, tuple[Any, ...]]:
         return {}
 
+    def logprobs_k(self) -> int | None:
+        """Alternatives per token to report (None: no logprobs)."""
+        return None
+
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v: str | list[str] | None) -> list[str] | None:
@@ -104,12 +111,15 @@ class _SamplingFields(_Body):
 class CompletionRequest(_SamplingFields):
     prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
     echo: bool = False  # prepend the prompt's text to the completion (supported)
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)  # each token's logprob and this many alternatives
     best_of: int | None = None
     suffix: str | None = None
 
     def _more_noop(self) -> dict[str, tuple[Any, ...]]:
-        return {"logprobs": (None,), "best_of": (None, 1), "suffix": (None, "")}
+        return {"best_of": (None, 1), "suffix": (None, "")}
+
+    def logprobs_k(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -146,10 +156,16 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
-    def _more_noop(self) -> dict[str, tuple[Any, ...]]:
-        return {"logprobs": (None, False), "top_logprobs": (None, 0)}
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def logprobs_k(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class Usage(BaseModel):
@@ -163,7 +179,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: Literal["stop", "length"] | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     token_ids: list[int] | None = None
 
 
@@ -185,7 +201,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: Literal["stop", "length"] | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     token_ids: list[int] | None = None
 
 
