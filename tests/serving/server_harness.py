@@ -10,6 +10,7 @@ Every wait here is bounded by its own deadline (pytest-timeout covers only the t
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import yaml
 
 from vertumnus.config import VertumnusConfig, config_from_dict
@@ -210,3 +212,25 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=30)
+
+
+async def complete_greedy(server: Server, prompts: list[str], max_tokens: int) -> list[Any]:
+    """All ``prompts`` at once as greedy completions with their token ids (``choices[0].token_ids``)."""
+    c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    try:
+        return list(
+            await asyncio.gather(
+                *(
+                    c.completions.create(
+                        model="vertumnus-tiny",
+                        prompt=p,
+                        max_tokens=max_tokens,
+                        temperature=0,
+                        extra_body={"return_token_ids": True},
+                    )
+                    for p in prompts
+                )
+            )
+        )
+    finally:
+        await c.close()

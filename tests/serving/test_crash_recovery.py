@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 import yaml
-from server_harness import REPO, TEST_CONFIG, WAIT_S, Server, merge
+from server_harness import REPO, TEST_CONFIG, WAIT_S, Server, complete_greedy, merge
 from serving_reference import generate, tokenizer
 
 from vertumnus.serving.tokenizer import EOS
@@ -100,27 +99,6 @@ def _prompts(tag: str, n: int, words: int) -> list[str]:
     return [f"{tag} {i}: " + " ".join(f"w{(i * 11 + j) % 89}" for j in range(words + 20 * i)) for i in range(n)]
 
 
-async def _complete(server: Server, prompts: list[str], max_tokens: int) -> list[Any]:
-    c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
-    try:
-        return list(
-            await asyncio.gather(
-                *(
-                    c.completions.create(
-                        model="vertumnus-tiny",
-                        prompt=p,
-                        max_tokens=max_tokens,
-                        temperature=0,
-                        extra_body={"return_token_ids": True},
-                    )
-                    for p in prompts
-                )
-            )
-        )
-    finally:
-        await c.close()
-
-
 async def _until(h: httpx.AsyncClient, path: str, pred: Any, what: str) -> Any:
     deadline = time.monotonic() + WAIT_S
     while True:
@@ -148,7 +126,7 @@ def test_sigkill_of_a_rank_of_the_only_worker_is_recovered_and_health_tells_the_
         seen: dict[str, Any] = {}
         async with httpx.AsyncClient(base_url=crash.url, timeout=60, headers=crash.admin) as h:
             crash.hold(at="start")
-            traffic = asyncio.create_task(_complete(crash, prompts, 4))
+            traffic = asyncio.create_task(complete_greedy(crash, prompts, 4))
             await _until(
                 h,
                 "/v1/pool",
@@ -226,7 +204,7 @@ def test_recovery_time_after_sigkill_of_each_rank_without_holds(crash: Server, p
             assert time.monotonic() < deadline, "the pool did not recover"
             time.sleep(0.05)
         prompt = f"after the crash of rank {victim}"
-        (answer,) = asyncio.run(_complete(crash, [prompt], 4))
+        (answer,) = asyncio.run(complete_greedy(crash, [prompt], 4))
         times.append(time.monotonic() - t0)
         assert answer.choices[0].token_ids == generate(cfg, tok.encode(prompt), 4, [EOS])
     print(f"\nrecovery after SIGKILL (kill -> first answer): {', '.join(f'{t:.1f} s' for t in times)}")

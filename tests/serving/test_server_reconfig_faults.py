@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from server_harness import Server
+from server_harness import Server, complete_greedy
 from serving_reference import generate, tokenizer
 
 from vertumnus.serving.tokenizer import EOS
@@ -32,24 +32,6 @@ def server(shared: Server) -> Server:
 def _prompts(tag: str, n: int, base: int, step: int = 25) -> list[str]:
     """``n`` prompts of ``base + step·i`` words (~4 tokens each), no two sharing a block."""
     return [f"{tag} {i}: " + " ".join(f"w{(i * 7 + j) % 97}" for j in range(base + step * i)) for i in range(n)]
-
-
-async def _complete(server: Any, prompts: list[str], max_tokens: int) -> list[Any]:
-    c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
-    out = await asyncio.gather(
-        *(
-            c.completions.create(
-                model="vertumnus-tiny",
-                prompt=p,
-                max_tokens=max_tokens,
-                temperature=0,
-                extra_body={"return_token_ids": True},
-            )
-            for p in prompts
-        )
-    )
-    await c.close()
-    return list(out)
 
 
 def _ids(answers: list[Any]) -> list[list[int]]:
@@ -86,7 +68,7 @@ def test_split_and_merge_ordered_while_twenty_requests_are_in_flight(server: Ser
     async def wave(tag: str, op: str, worker: int) -> tuple[dict[str, Any], list[Any], list[str]]:
         prompts = _prompts(tag, 20, 40, 10)  # 160-920 tokens
         server.hold(at="start")
-        traffic = asyncio.create_task(_complete(server, prompts, 8))
+        traffic = asyncio.create_task(complete_greedy(server, prompts, 8))
         # all placed, and every worker with work runs (holds) its first one
         busy = await _until(
             server,
@@ -179,7 +161,7 @@ def test_a_prefix_cached_before_a_split_is_reconciled_from_the_sibling(server: S
     server.hold()
 
     async def four() -> list[Any]:
-        traffic = asyncio.create_task(_complete(server, [prompt] * 4, 4))
+        traffic = asyncio.create_task(complete_greedy(server, [prompt] * 4, 4))
         await _until(server, lambda p: p["placed"] == 4, "the four requests placed")
         server.release()
         return await traffic
@@ -245,7 +227,7 @@ def test_rank_actor_killed_mid_prefill_is_recovered_without_losing_requests(serv
 
         async def run() -> tuple[list[Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
             server.hold(at="start")
-            traffic = asyncio.create_task(_complete(server, prompts, 4))
+            traffic = asyncio.create_task(complete_greedy(server, prompts, 4))
             placed = await _until(
                 server,
                 lambda p: p["placed"] == len(prompts) and all(w["running"] for w in p["workers"] if w["queued"]),
@@ -290,6 +272,6 @@ def test_rank_actor_killed_mid_prefill_is_recovered_without_losing_requests(serv
     assert counters.delta("vertumnus_request_replacements_total") == 1
     # the restarted worker serves correctly again (alone, a new ~2000-token prompt goes to the CP2 worker)
     fresh = _prompts("again", 1, 500)
-    (again,) = asyncio.run(_complete(server, fresh, 4))
+    (again,) = asyncio.run(complete_greedy(server, fresh, 4))
     assert again.choices[0].token_ids == generate(cfg, tok.encode(fresh[0]), 4, [EOS])
     assert server.get(f"/v1/requests/{again.id}")["worker"] == victim["id"]
