@@ -233,3 +233,21 @@ def test_dashboard_and_docs_name_only_exported_metrics() -> None:
         "vertumnus_slo_attained_tokens_total",
     }
     assert required <= exported and required <= documented
+
+
+def test_ingress_health_check_is_the_apps_ready_route_on_the_serve_service() -> None:
+    """deploy/ingress.yaml: the load balancer (not the head pod) uses GET /ready, on the Serve service and port
+    the RayService exposes (http_options.port of its serveConfigV2)."""
+    (ing,) = _docs("ingress.yaml")
+    (svc,) = _docs("rayservice.yaml")
+    assert ing["apiVersion"] == "networking.k8s.io/v1" and ing["kind"] == "Ingress"
+    ann = ing["metadata"]["annotations"]
+    assert ann["alb.ingress.kubernetes.io/healthcheck-path"] == "/ready"
+    assert ann["alb.ingress.kubernetes.io/success-codes"] == "200"
+    (rule,) = ing["spec"]["rules"]
+    (path,) = rule["http"]["paths"]
+    backend = path["backend"]["service"]
+    assert backend["name"] == f"{svc['metadata']['name']}-serve-svc"  # KubeRay's name for the Serve service
+    assert backend["port"]["number"] == yaml.safe_load(svc["spec"]["serveConfigV2"])["http_options"]["port"]
+    head = svc["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert "readinessProbe" not in head  # an unready head pod would cut the workers off the GCS
