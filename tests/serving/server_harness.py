@@ -170,6 +170,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Until ``url``/health answers 200; RuntimeError with the tail of ``log`` if the server exits first or
+    ``timeout_s`` passes (a bound on a failure, not a speed assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"server not healthy in {timeout_s:.0f} s:\n{log.read_text(errors='replace')[-4000:]}")
+        time.sleep(0.5)
+
+
 def start_server(tmp: Path, overrides: dict[str, Any] | None = None) -> Server:
     """Write the test config (+ overrides), start ``vertumnus serve`` and wait for /health."""
     data = merge(yaml.safe_load(TEST_CONFIG.read_text()), overrides or {})
@@ -183,19 +200,11 @@ def start_server(tmp: Path, overrides: dict[str, Any] | None = None) -> Server:
     cmd = [sys.executable, "-m", "vertumnus.cli.main", "serve", "--config", str(cfg_path), "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            stop_server(proc)
-            raise RuntimeError(f"server not healthy in {START_TIMEOUT_S} s:\n{log.read_text(errors='replace')[-4000:]}")
-        time.sleep(1.0)
+    try:
+        wait_healthy(proc, url, log)
+    except RuntimeError:
+        stop_server(proc)
+        raise
     address = ""
     for line in log.read_text(errors="replace").splitlines():
         if line.startswith("Ray cluster: "):

@@ -9,13 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
-from server_harness import REPO, START_TIMEOUT_S, TEST_CONFIG, free_port, merge
+from server_harness import REPO, TEST_CONFIG, free_port, merge, wait_healthy
 
 pytestmark = pytest.mark.slow
 
@@ -59,16 +57,7 @@ def test_ctrl_c_stops_serve_quietly(tmp_path: Path) -> None:
         proc = subprocess.Popen([str(CLI), "serve", "--config", str(cfg), "--port", str(port)], cwd=REPO,
                                 stdout=o, stderr=e, env=env, preexec_fn=_default_sigint)  # fmt: skip
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            assert proc.poll() is None, f"serve exited with {proc.returncode}:\n{err.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"not healthy in {START_TIMEOUT_S} s:\n{err.read_text()[-3000:]}"
-            time.sleep(0.5)
+        wait_healthy(proc, f"http://127.0.0.1:{port}", err)
         logs = [x for x in out.read_text().splitlines() if x.startswith("Ray cluster: ")]
         assert logs, out.read_text()
         temp_dir = logs[0].rsplit("(logs: ", 1)[1].rstrip(")")
