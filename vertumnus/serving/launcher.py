@@ -82,14 +82,13 @@ def build_runtime(cfg: VertumnusConfig, address: str | None = None) -> tuple[Ser
     if token:  # e.g. from a Kubernetes Secret; overrides serving.admin_token
         cfg.serving.admin_token = token
     cost = CostModel.from_file(cfg.resolve_path(cfg.cost_model.profile))
-    vocab = check_vocab(cfg)  # before Ray: a mismatch is a configuration error, reported at once
+    check_vocab(cfg)  # before Ray: a mismatch is a configuration error, reported at once
     hosting = start_hosting(cfg, address, cfg.serving.startup_timeout_s)
     try:
         clock = time.monotonic
         data_plane = make_data_plane(cfg, hosting, clock)
         decode = make_decode(cfg, hosting)
         runtime = ServingRuntime(cfg, data_plane, decode, cost, cfg.pool.engine, clock)
-        runtime.model_vocab = vocab
         return runtime, hosting
     except BaseException:
         hosting.close()
@@ -108,13 +107,14 @@ def model_vocab_size(cfg: VertumnusConfig) -> int:
     return cfg.model.vocab_size
 
 
-def check_vocab(cfg: VertumnusConfig) -> int | None:
+def check_vocab(cfg: VertumnusConfig) -> None:
     """ValueError when the tokenizer can produce token ids the model has no embedding for (a tokenizer
-    vocabulary larger than the model's): every prompt with such an id would fail in the engine. Returns the
-    model's vocabulary size (the runtime rejects prompt ids outside it with 400), None for the vllm engine
-    (vLLM checks prompt ids against its own model)."""
+    vocabulary larger than the model's): every prompt with such an id would fail in the engine. With this
+    checked once here, the front end's per-request check of prompt ids against the tokenizer's vocabulary
+    (``Tokenizer.check_ids``, 400) also keeps them inside the model's. Skipped for the vllm engine (vLLM checks
+    prompt ids against its own model)."""
     if cfg.pool.engine != "torch":
-        return None
+        return
     vocab = model_vocab_size(cfg)
     tok = make_tokenizer(cfg.serving.tokenizer, vocab)
     if tok.vocab_size > vocab:
@@ -123,7 +123,6 @@ def check_vocab(cfg: VertumnusConfig) -> int | None:
             f"{cfg.model.name!r} only {vocab}: prompts could carry ids the model has no embedding for. Use the "
             "model's own tokenizer (or omit serving.tokenizer for the reference model's byte tokenizer)"
         )
-    return vocab
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -105,7 +105,6 @@ class ServingRuntime:
         self._timer: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self.ready = False
-        self.model_vocab: int | None = None  # set by the launcher: prompt ids must lie in [0, model_vocab)
         self._failure: dict[int, str] = {}  # worker -> why it last failed (/health's reason while none serves)
         self._unavailable_since: float | None = None
         self._failed_state = int(WorkerState.FAILED)
@@ -239,14 +238,6 @@ class ServingRuntime:
         """Hash the prompt's blocks once and place the request on the pool (raises 400 when no worker could
         ever serve it). The caller holds an admission slot (:meth:`admit`) and then consumes :meth:`stream`."""
         n = len(prompt_ids)
-        vocab = self.model_vocab
-        if vocab is not None and prompt_ids and (max(prompt_ids) >= vocab or min(prompt_ids) < 0):
-            # never reaches the engine: an id without an embedding fails the worker it runs on
-            self.metrics.requests.labels("invalid").inc()
-            raise APIError(
-                400, f"prompt token ids must lie in [0, {vocab}) (the model's vocabulary)", param="prompt",
-                code="invalid_token_ids",
-            )  # fmt: skip
         slo = slo_s if slo_s is not None else self.cfg.slo.base_s + self.cfg.slo.per_token_s * n
         tl = Timeline(request_id, arrival_s, n, slo, user=user)
         req = Request(
