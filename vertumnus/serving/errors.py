@@ -64,6 +64,15 @@ class APIError(Exception):
         return error_body(self.status, self.message, self.param, self.code)
 
 
+def check_model(name: str | None, served: str) -> None:
+    """404 ``model_not_found`` unless ``name`` is the served model (None: the request named no model)."""
+    if name is not None and name != served:
+        raise APIError(
+            404, f"The model `{name}` does not exist; this server serves `{served}`", param="model",
+            code="model_not_found",
+        )  # fmt: skip
+
+
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     """The OpenAI error object for ``status``."""
     return {

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from vertumnus.config import VertumnusConfig
-from vertumnus.serving.errors import APIError
+from vertumnus.serving.errors import APIError, check_model
 from vertumnus.serving.openai_api import parse_body
 from vertumnus.serving.schemas import DetokenizeRequest, ModelCard, ModelList, TokenizeRequest
 from vertumnus.serving.tokenizer import ChatTurn, Tokenizer
@@ -42,28 +42,19 @@ def add_model_routes(app: FastAPI, cfg: VertumnusConfig, tok: Tokenizer) -> None
     """Register the routes in the module docstring on ``app``."""
     card = ModelCard(id=cfg.model.name, root=model_root(cfg), max_model_len=cfg.pool.max_model_len)
 
-    def check_model(name: str | None) -> None:
-        if name is not None and name != cfg.model.name:
-            raise APIError(
-                404,
-                f"The model `{name}` does not exist; this server serves `{cfg.model.name}`",
-                param="model",
-                code="model_not_found",
-            )
-
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return ModelList(data=[card]).model_dump()
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
-        check_model(model_id)
+        check_model(model_id, cfg.model.name)
         return card.model_dump()
 
     @app.post("/tokenize")
     async def tokenize(raw: Request) -> dict[str, Any]:
         body = await parse_body(raw, TokenizeRequest)
-        check_model(body.model)
+        check_model(body.model, cfg.model.name)
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "send exactly one of `prompt` and `messages`", param="prompt", code="invalid_value")
         if body.messages is not None:
@@ -75,7 +66,7 @@ def add_model_routes(app: FastAPI, cfg: VertumnusConfig, tok: Tokenizer) -> None
     @app.post("/detokenize")
     async def detokenize(raw: Request) -> dict[str, Any]:
         body = await parse_body(raw, DetokenizeRequest)
-        check_model(body.model)
+        check_model(body.model, cfg.model.name)
         try:
             tok.check_ids(body.tokens)
         except ValueError as e:

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.background import BackgroundTask
 
-from vertumnus.serving.errors import APIError
+from vertumnus.serving.errors import APIError, check_model
 from vertumnus.serving.logprobs import LogprobFormatter
 from vertumnus.serving.runtime import ServingRuntime, Submission
 from vertumnus.serving.sampling import SamplingParams, TokenLogprob
@@ -116,13 +116,7 @@ class OpenAIHandlers:
         """Body + model name + unsupported-option check; failures count as outcome "invalid"."""
         try:
             body = await parse_body(raw, model)
-            if body.model != self.model_name:
-                raise APIError(
-                    404,
-                    f"The model `{body.model}` does not exist; this server serves `{self.model_name}`",
-                    param="model",
-                    code="model_not_found",
-                )
+            check_model(body.model, self.model_name)
             field = body.unsupported()
             if field is not None:
                 raise APIError(
