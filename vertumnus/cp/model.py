@@ -1,5 +1,8 @@
 """Llama-style reference model (RMSNorm, RoPE, GQA, SwiGLU) and its single-process forward with a KV cache.
 
+The same forward runs Qwen3 (per-head q/k RMSNorm before RoPE, explicit head_dim, tied embeddings) and Qwen3-MoE
+(sparse layers' MLP is :func:`vertumnus.cp.moe.moe_forward`), selected by the weights (:class:`ModelDims`).
+
 The CP forward (:mod:`vertumnus.cp.cp_forward`) and this reference share the token-local pieces
 (:meth:`ReferenceModel.qkv`, :meth:`ReferenceModel.finish_layer`, :meth:`ReferenceModel.logits`); only attention
 differs, so the CP correctness tests compare exactly the distributed part.
@@ -24,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from vertumnus.cp.attention import reference_attention
+from vertumnus.cp.moe import dense_swiglu, moe_forward
 from vertumnus.cp.weights import LlamaWeights, ModelDims, load_weights
 
 if TYPE_CHECKING:
@@ -122,18 +126,27 @@ class ReferenceModel:
         dm = self.dims
         t = x.shape[0]
         xn = self._rms(x, lw.attn_norm)
-        q = F.linear(xn, lw.wq, lw.bq).view(t, dm.num_heads, dm.head_dim).transpose(0, 1)
-        k = F.linear(xn, lw.wk, lw.bk).view(t, dm.num_kv_heads, dm.head_dim).transpose(0, 1)
+        q = F.linear(xn, lw.wq, lw.bq).view(t, dm.num_heads, dm.head_dim)
+        k = F.linear(xn, lw.wk, lw.bk).view(t, dm.num_kv_heads, dm.head_dim)
         v = F.linear(xn, lw.wv, lw.bv).view(t, dm.num_kv_heads, dm.head_dim).transpose(0, 1)
+        if lw.q_norm is not None and lw.k_norm is not None:  # Qwen3: per head over head_dim, before RoPE
+            q, k = self._rms(q, lw.q_norm), self._rms(k, lw.k_norm)
+        q, k = q.transpose(0, 1), k.transpose(0, 1)
         return self._rotate(q, cos, sin).contiguous(), self._rotate(k, cos, sin).contiguous(), v.contiguous()
 
     def finish_layer(self, layer: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Residual stream after attention output ``attn`` [H, T, D] and the SwiGLU MLP."""
+        """Residual stream after attention output ``attn`` [H, T, D] and the MLP (SwiGLU, or MoE on sparse layers).
+
+        Token-local: a CP rank runs it on its own tokens only (MoE routing included).
+        """
         lw = self.w.layers[layer]
         t = x.shape[0]
         x = x + F.linear(attn.transpose(0, 1).reshape(t, -1), lw.wo, lw.bo)
         xn = self._rms(x, lw.mlp_norm)
-        return x + F.linear(F.silu(F.linear(xn, lw.w_gate)) * F.linear(xn, lw.w_up), lw.w_down)
+        if lw.moe is not None:
+            return x + moe_forward(xn, lw.moe, self.dims.top_k, self.dims.norm_topk_prob)
+        assert lw.w_gate is not None and lw.w_up is not None and lw.w_down is not None
+        return x + dense_swiglu(xn, lw.w_gate, lw.w_up, lw.w_down)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (float32) of final hidden states ``x`` [T, hidden]."""
