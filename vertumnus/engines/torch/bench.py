@@ -13,6 +13,10 @@ per degree and the slowest park / switch per kind are reported:
   do not, and bound the wall speed-up on free cores from above (they miss time spent blocked in collectives);
 - park_s: ``park()`` until ``worker_parked`` (an idle worker: the step-boundary round trip);
 - switch_s: ``activate()`` until every participating rank acknowledged the new epoch (the switch stage).
+
+``model_path`` (a HF checkpoint directory, e.g. a written :mod:`vertumnus.cp.qwen3` preset) replaces the
+Llama-style shape arguments. For a Qwen3-MoE model :func:`moe_vs_dense` adds the per-token time of the MoE path
+against a dense Qwen3 model of the same active size (MLP width top_k × expert width), in this process.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any
 import torch
 
 from vertumnus.config import config_from_dict
+from vertumnus.cp.model import KVCache, ReferenceModel
+from vertumnus.cp.weights import ModelDims, dims_from_hf_config, random_weights
 from vertumnus.engines.torch.data_plane import TorchDataPlane
 from vertumnus.interfaces import PrefillJob
 from vertumnus.types import CacheReport, Placement, PrefillResult, ReconfigKind, ReconfigPlan, Request, WorkerGroup
@@ -95,6 +101,7 @@ def run_cp_bench(
     attn_impl: str = "auto",
     timeout_s: float = 1800.0,
     progress: Callable[[str], None] | None = None,
+    model_path: str | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark (see module docstring) and return its figures as a JSON-ready dict."""
     degs = sorted(set(degrees), reverse=True)
@@ -104,6 +111,24 @@ def run_cp_bench(
         raise ValueError(f"--tokens must be at least 2 × the largest degree ({2 * degs[0]})")
     say = progress or (lambda _msg: None)
     top = degs[0]
+    model: dict[str, Any] = {
+        "hidden_size": hidden,
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "intermediate_size": intermediate,
+        "num_layers": layers,
+        "vocab_size": 512,
+    }
+    if model_path is not None:
+        import json
+        from pathlib import Path
+
+        hf = json.loads((Path(model_path) / "config.json").read_text())
+        model = {"path": str(model_path), "vocab_size": int(hf["vocab_size"]), "name": Path(model_path).name}
+        dims = dims_from_hf_config(hf)
+    else:
+        dims = ModelDims(512, hidden, intermediate, layers, heads, kv_heads, hidden // heads)
+    vocab = int(model["vocab_size"])
     cfg = config_from_dict(
         {
             "pool": {
@@ -113,14 +138,7 @@ def run_cp_bench(
                 "engine": "torch",
                 "max_model_len": max(tokens, 1),
             },
-            "model": {
-                "hidden_size": hidden,
-                "num_heads": heads,
-                "num_kv_heads": kv_heads,
-                "intermediate_size": intermediate,
-                "num_layers": layers,
-                "vocab_size": 512,
-            },
+            "model": model,
         }
     )
     ev = _Events()
@@ -164,7 +182,7 @@ def run_cp_bench(
                     cur = left
                 rid = f"bench-{next_id[0]}"
                 next_id[0] += 1
-                dp.submit(cur.worker_id, _job(rid, tokens, 512, 1000 * rnd + deg, cur))
+                dp.submit(cur.worker_id, _job(rid, tokens, vocab, 1000 * rnd + deg, cur))
                 ev.wait(lambda rid=rid: rid in ev.done, timeout_s)  # type: ignore[misc]
                 res = ev.done[rid]
                 out = dp.take_output(rid)
@@ -194,13 +212,18 @@ def run_cp_bench(
         "switch_s": {k: max(v) for k, v in switch_s.items() if v},
         "park_s": {k: max(v) for k, v in park_s.items() if v},
         "model": {
-            "layers": layers,
-            "hidden": hidden,
-            "heads": heads,
-            "kv_heads": kv_heads,
-            "head_dim": hidden // heads,
-            "intermediate": intermediate,
-            "dtype": "float32",
+            "type": dims.model_type,
+            "path": model_path,
+            "layers": dims.num_layers,
+            "hidden": dims.hidden_size,
+            "heads": dims.num_heads,
+            "kv_heads": dims.num_kv_heads,
+            "head_dim": dims.head_dim,
+            "intermediate": dims.intermediate_size,
+            "experts": dims.num_experts,
+            "top_k": dims.top_k,
+            "expert_intermediate": dims.moe_intermediate_size,
+            "dtype": dims.dtype,
         },
         "attention": attn_impl,
         "repeats": repeats,
@@ -212,4 +235,61 @@ def run_cp_bench(
         },
         "load_avg_before": [round(x, 2) for x in load_before],
         "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def moe_vs_dense(config: dict[str, Any], tokens: int, repeats: int = 2, seed: int = 0) -> dict[str, Any]:
+    """Per-token prefill time of a Qwen3-MoE ``config`` against the dense Qwen3 of the same active size.
+
+    In this process on one thread, random weights, ``tokens`` fresh tokens, the two models interleaved, the
+    fastest of ``repeats`` (at least 5 for the MLP): the whole single-process forward (``model_*``) and the MLP
+    block alone on the same [tokens, hidden] input (``mlp_*``: the MoE router, grouping and experts against one
+    SwiGLU of width top_k × expert width).
+    """
+    from vertumnus.cp.moe import dense_swiglu, moe_forward
+    from vertumnus.cp.qwen3 import dense_equivalent
+
+    dims_moe = dims_from_hf_config(config)
+    if not dims_moe.sparse_layers:
+        raise ValueError("moe_vs_dense needs a Qwen3-MoE config with sparse layers")
+    dense = dense_equivalent(config)
+    models = {
+        "moe": ReferenceModel(random_weights(dims_moe, seed)),
+        "dense": ReferenceModel(random_weights(dims_from_hf_config(dense), seed)),
+    }
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a rank runs
+    try:
+        ids = torch.randint(0, dims_moe.vocab_size, (tokens,), generator=torch.Generator().manual_seed(seed))
+        x = torch.randn(tokens, dims_moe.hidden_size, generator=torch.Generator().manual_seed(seed + 1))
+        model_s = {name: float("inf") for name in models}
+        mlp_s = dict(model_s)
+
+        def mlp(m: ReferenceModel) -> None:
+            layer = m.w.layers[dims_moe.sparse_layers[0]]
+            if layer.moe is not None:
+                moe_forward(x, layer.moe, dims_moe.top_k, dims_moe.norm_topk_prob)
+            else:
+                assert layer.w_gate is not None and layer.w_up is not None and layer.w_down is not None
+                dense_swiglu(x, layer.w_gate, layer.w_up, layer.w_down)
+
+        with torch.inference_mode():
+            for rnd in range(max(repeats, 5)):  # rounds interleave the two models, so load drift hits both alike
+                for name, m in models.items():
+                    if rnd < repeats:
+                        t0 = time.perf_counter()
+                        m.forward(ids, KVCache(m.dims, capacity=tokens), last_only=True)
+                        model_s[name] = min(model_s[name], time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    mlp(m)  # cheap: at least 5 rounds
+                    mlp_s[name] = min(mlp_s[name], time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "tokens": tokens,
+        "dense_intermediate": int(dense["intermediate_size"]),
+        "model_us_per_token": {k: 1e6 * v / tokens for k, v in model_s.items()},
+        "mlp_us_per_token": {k: 1e6 * v / tokens for k, v in mlp_s.items()},
+        "model_ratio": model_s["moe"] / model_s["dense"],
+        "mlp_ratio": mlp_s["moe"] / mlp_s["dense"],
     }
