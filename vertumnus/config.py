@@ -183,6 +183,11 @@ class ControllerConfig(_Section):
 class CacheConfig(_Section):
     block_tokens: int = Field(512, ge=1, description="Tokens per trie node (cache block).")
     replication: bool = Field(True, description="Enable replication and reclamation by the cache manager.")
+    policy: Literal["rules", "queue_aware"] = Field(
+        "rules",
+        description="rules: the paper's access-threshold scan; queue_aware: copy a hot prefix off a queued holder "
+        "at placement, reclaim only under pressure (vertumnus/cache/hot_copy.py).",
+    )
     scan_interval_s: float = Field(5.0, gt=0, description="Seconds between cache-manager scans.")
     theta_inter: float = Field(0.5, ge=0, description="missed[z,C] (seconds of benefit) above this → inter copy.")
     theta_intra: float = Field(8.0, ge=0, description="access[z,C]/r above this → one more same-degree replica.")
@@ -195,6 +200,24 @@ class CacheConfig(_Section):
     )
     intra_node_gbps: float = Field(400.0, gt=0, description="Intra-node copy bandwidth, GB/s.")
     inter_node_gbps: float = Field(50.0, gt=0, description="Inter-node copy bandwidth, GB/s.")
+    hot_min_blocks: int = Field(4, ge=1, description="queue_aware: shortest prefix (blocks) worth a copy.")
+    hot_min_access: float = Field(2.0, ge=0, description="queue_aware: decayed access count that makes it hot.")
+    copy_gain_s: float = Field(
+        0.05, ge=0, description="queue_aware: seconds the next request must gain (q_holder − q_dst − copy time)."
+    )
+    fetch_max_queue_s: float = Field(
+        1.0,
+        ge=0,
+        description="queue_aware: a worker may be priced with a prefix copied in before its prefill only while its "
+        "queue is at most this long (the source must keep the blocks until then).",
+    )
+    reclaim_pressure: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description="queue_aware: reclaim a cold surplus copy only on a worker this full whose incoming copies "
+        "do not fit its free blocks.",
+    )
 
     @model_validator(mode="after")
     def _thresholds(self) -> CacheConfig:
@@ -365,6 +388,14 @@ class VertumnusConfig(_Section):
         # only when it starts its first engine. The hashed vLLM block spans block_size × DCP tokens.
         if self.pool.engine != "vllm":
             return self
+        if self.cache.replication and self.cache.policy == "queue_aware" and self.vllm.replication == "recompute":
+            # queue_aware prices a prefix copied in before a prefill at link speed; a recomputing "copy" would
+            # cost a prefill of the prefix on the request's path instead.
+            raise _KeyedError(
+                "cache.policy",
+                "queue_aware copies prefixes over the link; with vllm.replication: recompute a copy is a prefill "
+                "of the prefix — set vllm.replication: transfer (a KV connector) or cache.policy: rules",
+            )
         bt, bs = self.cache.block_tokens, self.vllm.block_size
         if bt % bs:
             raise _KeyedError("vllm.block_size", f"{bs} tokens does not divide cache.block_tokens={bt}")

@@ -46,6 +46,7 @@ from vertumnus.types import (
     CacheReport,
     Placement,
     PrefillResult,
+    PrefixMatch,
     ReconfigKind,
     ReconfigPlan,
     Request,
@@ -148,7 +149,9 @@ class PrefillPool:
     def _place(self, request: Request, first: bool) -> Placement | None:
         keys = request.block_keys
         match = self.cache.match(keys)
-        placement = self.scheduler.place(request, match, self.clock(), first)
+        fetch = self.cache.fetchable(match)
+        now = self.clock()
+        placement = self.scheduler.place(request, match, now, first, fetch)
         if placement is None:
             return None
         wid = placement.worker_id
@@ -156,6 +159,9 @@ class PrefillPool:
             self.cache.record_placement(keys, match, request.input_len, wid, placement.preferred_degree)
         op = self.cache.plan_reconcile(keys, wid, match)
         reuse = match.held_blocks.get(wid, 0)
+        if op is None and fetch is not None and placement.cached_tokens > reuse * self.cfg.cache.block_tokens:
+            # Priced with the fetched prefix: copy it in before the prefill (queue_aware; DESIGN.md §3).
+            op = self.cache.plan_fetch(keys, wid, match, fetch[0], self.scheduler.queue_map(now))
         if op is not None:
             self._ops[op.op_id] = op
             self._job_op[request.request_id] = op.op_id
@@ -170,10 +176,24 @@ class PrefillPool:
             self._unplace(request.request_id, cancel_reconcile=True)  # nothing stays reserved for it
             raise
         if first:
+            self._hot_copy(keys, match, placement)
             self.controller.observe(
                 placement.predicted_s, request.input_len, placement.cached_tokens, request.arrival_s
             )
         return placement
+
+    def _hot_copy(self, keys: Sequence[int], match: PrefixMatch, placement: Placement) -> None:
+        """queue_aware replication: copy the reused prefix off a queued holder (after the job is submitted, so
+        a copy never runs ahead of the request that triggered it)."""
+        now = self.clock()
+        sched = self.scheduler
+        op = self.cache.on_placement(
+            keys, match, placement.worker_id, placement.queue_s, placement.predicted_s,
+            lambda: sched.queue_map(now), sched.waiting_at,
+        )  # fmt: skip
+        if op is not None:
+            self._ops[op.op_id] = op
+            self.data_plane.execute(op)
 
     def _unplace(self, request_id: str, cancel_reconcile: bool) -> None:
         """Forget a placement: reservation, pin, and (withdrawn / failed) its reconcile op."""

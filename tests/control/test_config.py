@@ -48,6 +48,9 @@ def _write(tmp_path: Path, text: str) -> Path:
         ("pool: {engine: vllm}\ncache: {block_tokens: 64}\nvllm: {block_size: 32, engine_args: "
          "{decode_context_parallel_size: 4}}", "vllm.engine_args.decode_context_parallel_size",
          "block_size 32 × DCP 4 = 128 tokens does not divide cache.block_tokens=64"),
+        # queue_aware prices copies at link speed: a vLLM "copy" that recomputes the prefix cannot back it.
+        ("pool: {engine: vllm}\ncache: {policy: queue_aware}", "cache.policy", "set vllm.replication: transfer"),
+        ("cache: {policy: lru}", "cache.policy", "Input should be 'rules' or 'queue_aware'"),
     ],
 )  # fmt: skip
 def test_invalid_values_name_their_key(tmp_path: Path, text: str, key: str, fragment: str) -> None:

@@ -96,10 +96,17 @@ def child_marks(trie: Trie, rows: Sequence[int]) -> dict[int, int]:
 
 
 def reclamation(
-    trie: Trie, workers: WorkerTable, book: OpBook, cand: Candidate, kids: int | None = None
+    trie: Trie,
+    workers: WorkerTable,
+    book: OpBook,
+    cand: Candidate,
+    kids: int | None = None,
+    min_pressure: float | None = None,
 ) -> CacheOp | None:
     """The RECLAIM op for a candidate (deleting block z only: the victim keeps no descendant of it), or None
-    when no holder qualifies. ``kids``: :func:`child_marks` of z, if computed."""
+    when no holder qualifies. ``kids``: :func:`child_marks` of z, if computed. ``min_pressure`` (queue_aware):
+    the victim must be at least this full *and* expecting copies that do not fit its free blocks — the space goes
+    to the copy instead of to an LRU eviction of something hotter."""
     row = cand.row
     held = row_bits(trie.holders, row)
     key = int(trie.key[row])
@@ -121,6 +128,11 @@ def reclamation(
         return None
     depth = int(trie.depth[row])
     for w in sorted(workers.in_mask(ok), key=lambda w: (-w.pressure, w.worker_id)):
+        if min_pressure is not None:
+            if w.pressure < min_pressure:
+                break  # sorted by pressure: no later holder qualifies
+            if w.reserved <= w.free:
+                continue  # nothing incoming needs the room
         if book.busy(key, w.worker_id) or w.pinned(key, depth):
             continue
         op = CacheOp(

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from vertumnus.cache import choose, invariants, marks, reconcile, reconfigure, reports
+from vertumnus.cache import choose, hot_copy, invariants, marks, reconcile, reconfigure, reports
 from vertumnus.cache import stats as cstats
 from vertumnus.cache.bits import leading_runs
 from vertumnus.cache.ops import OpBook
@@ -31,7 +31,7 @@ _COUNTERS = (
     "inter_ordered", "intra_ordered", "replications_confirmed", "reclamations_ordered", "reclamations_confirmed",
     "reconciliations_ordered", "reconciliations_confirmed", "reconcile_blocks", "reconcile_misses", "ops_failed",
     "ignored_reports", "unknown_parent_reports", "unmatched_unpins", "scans", "stats_dropped", "reconfigurations",
-    "pending_blocks_created",
+    "pending_blocks_created", "hot_ordered", "fetch_ordered",
 )  # fmt: skip
 
 
@@ -154,6 +154,77 @@ class CacheManager:
         reused = min(held.get(worker_id, 0), path.size)
         self._recorder.record(path, reused, w.dix, preferred_degree, dix_pref, input_len)
 
+    def fetchable(self, match: PrefixMatch) -> tuple[int, float, float] | None:
+        """``cache.policy: queue_aware``: (V, s, q_max) for :meth:`Scheduler.place` — the longest valid prefix
+        an available worker holds, the seconds a block takes over the slower (inter-node) link, and
+        ``cache.fetch_max_queue_s``. None when the policy is off or less than ``hot_min_blocks`` is held."""
+        if not self.cfg.replication or self.cfg.policy != "queue_aware" or not match.held_blocks:
+            return None
+        by_id = self.workers.by_id
+        v = max((h for wid, h in match.held_blocks.items() if (w := by_id.get(wid)) is not None and w.available),
+                default=0)  # fmt: skip
+        if v < self.cfg.hot_min_blocks:
+            return None
+        c = self.cfg
+        return v, c.bytes_per_block / (min(c.intra_node_gbps, c.inter_node_gbps) * 1e9), c.fetch_max_queue_s
+
+    def plan_fetch(
+        self, keys: Sequence[int], worker_id: int, match: PrefixMatch, blocks: int, queues: Mapping[int, float]
+    ) -> CacheOp | None:
+        """The copy of ``keys[:blocks]`` a request placed at ``worker_id`` runs before its prefill (attached to
+        the job like a reconcile; confirmed by STORED with its op id), from an available valid holder: same node
+        first, then the least loaded, then the lowest id. None when no holder qualifies."""
+        w = self.workers.by_id.get(worker_id)
+        if w is None:
+            return None
+        have = match.held_blocks.get(worker_id, 0)
+        srcs = [
+            s for wid, h in match.held_blocks.items()
+            if h >= blocks and wid != worker_id and (s := self.workers.by_id.get(wid)) is not None and s.available
+        ]  # fmt: skip
+        if have >= blocks or not srcs:
+            return None
+        src = min(srcs, key=lambda s: (s.node != w.node, s.degree != w.degree, queues.get(s.worker_id, 0.0),
+                                       s.worker_id))  # fmt: skip
+        path = self._path(keys, blocks)
+        op = CacheOp(
+            op_id=self.book.new_id(),
+            kind=CacheOpKind.REPLICATE,
+            dst_worker=worker_id,
+            keys=self.trie.keys_of(path),
+            first_missing=have,
+            src_worker=src.worker_id,
+            inter_degree=src.degree != w.degree,
+            inter_node=src.node != w.node,
+        )
+        self.book.add(op, w)
+        self.counters["fetch_ordered"] += 1
+        return op
+
+    def on_placement(
+        self,
+        keys: Sequence[int],
+        match: PrefixMatch,
+        worker_id: int,
+        queue_before_s: float,
+        predicted_s: float,
+        queues: Callable[[], Mapping[int, float]],
+        waiting: Callable[[int], int],
+    ) -> CacheOp | None:
+        """``cache.policy: queue_aware``: a REPLICATE op copying the prefix the request reuses at ``worker_id``
+        off that queued holder (:mod:`vertumnus.cache.hot_copy`), or None. Call after :meth:`record_placement`."""
+        if not self.cfg.replication or self.cfg.policy != "queue_aware":
+            return None
+        h = match.held_blocks.get(worker_id, 0)
+        if h < self.cfg.hot_min_blocks or queue_before_s <= self.cfg.copy_gain_s:
+            return None
+        path = self._path(keys, h)
+        op = hot_copy.plan(self.cfg, self.trie, self.workers, self.book, path, match.held_blocks, worker_id,
+                           queue_before_s, predicted_s, queues, waiting)  # fmt: skip
+        if op is not None:
+            self.counters["hot_ordered"] += 1
+        return op
+
     def pin(self, worker_id: int, keys: Sequence[int], n_blocks: int) -> None:
         """Mark ``keys[:n_blocks]`` in use at the worker (queued / running request): never reclaimed there."""
         w = self._worker(worker_id)
@@ -253,9 +324,12 @@ class CacheManager:
             inter, intra, recl = find(trie, act, acc, mis, self.workers.degree_counts, self.cfg)
             t, wk, bk = self.trie, self.workers, self.book
             ops += self._take(inter, "inter", lambda c: choose.replication(t, wk, bk, c, queue_s, True))
-            ops += self._take(intra, "intra", lambda c: choose.replication(t, wk, bk, c, queue_s, False))
+            queue_aware = self.cfg.policy == "queue_aware"
+            if not queue_aware:  # queue_aware makes same-degree copies at placement (on_placement)
+                ops += self._take(intra, "intra", lambda c: choose.replication(t, wk, bk, c, queue_s, False))
+            floor = self.cfg.reclaim_pressure if queue_aware else None
             kids = choose.child_marks(t, [c.row for c in recl])
-            ops += self._take(recl, "reclamations", lambda c: choose.reclamation(t, wk, bk, c, kids.get(c.row)))
+            ops += self._take(recl, "reclamations", lambda c: choose.reclamation(t, wk, bk, c, kids.get(c.row), floor))
         # Rows kept for their surplus replicas alone only matter when a scan can reclaim them.
         cfg = self.cfg
         replicas = cfg.replication and cfg.max_ops_per_scan > 0 and cfg.theta_reclaim > 0

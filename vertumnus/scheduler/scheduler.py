@@ -53,7 +53,7 @@ class _Choice:
 
     row: int
     held: int  # blocks the worker holds validly (leading)
-    cached: int  # P
+    cached: int  # P (with a fetch: the fetched prefix too)
     est: float  # Ê
     queue: float  # q_w(now)
     pref_degree: int
@@ -129,6 +129,12 @@ class Scheduler:
         q = self.table.queue_vector(now)
         return {inf.worker_id: float(q[i]) for i, inf in enumerate(self.table.infos)}
 
+    def waiting_at(self, worker_id: int) -> int:
+        """Requests placed at the worker and not started yet (0 for an unknown worker)."""
+        if worker_id not in self.table.index:
+            return 0
+        return sum(not t.running for t in self.table.info(worker_id).tickets.values())
+
     def tickets_at(self, worker_id: int) -> list[Ticket]:
         """Queued and running tickets at a worker, FCFS order."""
         return list(self.table.info(worker_id).tickets.values())
@@ -155,11 +161,22 @@ class Scheduler:
                 f"holds {self._max_capacity}",
             )  # fmt: skip
 
-    def place(self, request: Request, match: PrefixMatch, now: float, first: bool = True) -> Placement | None:
+    def place(
+        self,
+        request: Request,
+        match: PrefixMatch,
+        now: float,
+        first: bool = True,
+        fetch: tuple[int, float, float] | None = None,
+    ) -> Placement | None:
         """Choose a worker and reserve; None when no worker is eligible right now.
 
         Raises :class:`RequestRejected` (see :meth:`check_admissible`). ``first``: False for a re-placement
-        (drain / failure), recorded on the ticket so window demand counts each request once.
+        (drain / failure), recorded on the ticket so window demand counts each request once. ``fetch`` =
+        (V, s, q_max): a worker with q_w ≤ q_max may copy the first V blocks from a valid holder at s seconds a
+        block before its prefill (``cache.policy: queue_aware``): holding h < V blocks, it is priced at the
+        better of E_C(L − hB, hB) and E_C(L − VB, VB) + (V − h)·s. q_max bounds how long the source must keep
+        the blocks until the prefill starts. Placement-cost routing only.
         """
         self.check_admissible(request)
         if request.request_id in self.tickets:
@@ -176,7 +193,7 @@ class Scheduler:
             return None
         c_min = self._degs[first_row]
         if self._vectorised:
-            ch = self._choose_fast(request.input_len, match, eligible, c_min, now)
+            ch = self._choose_fast(request.input_len, match, eligible, c_min, now, fetch)
         else:
             ch = self._choose_views(request, match, eligible, c_min, now)
         k = ch.row
@@ -220,7 +237,15 @@ class Scheduler:
         """β + λ·(C − C_min)/C_min (same operation order as the vectorised and view paths)."""
         return self.beta + self.lam * (degree - c_min) / c_min
 
-    def _choose_fast(self, L: int, match: PrefixMatch, eligible: np.ndarray, c_min: int, now: float) -> _Choice:
+    def _choose_fast(
+        self,
+        L: int,
+        match: PrefixMatch,
+        eligible: np.ndarray,
+        c_min: int,
+        now: float,
+        fetch: tuple[int, float, float] | None = None,
+    ) -> _Choice:
         """argmin J without per-worker Ê for non-holders.
 
         A worker holding none of the prompt has Ê = E_C(L, 0), the same for its whole degree, so among the
@@ -241,6 +266,9 @@ class Scheduler:
             qm[k] = np.inf  # evaluated individually below
         predict = self.cost.predict
         ids = self._ids
+        B = self.block_tokens
+        fv, fs, fq = fetch if fetch is not None and fetch[0] > 0 else (0, 0.0, 0.0)
+        f_cached = min(fv * B, L - 1)
         # Candidates as (J, degree, worker id, row, held, P, Ê, q): tuple order is the tie rule.
         best: tuple[float, int, int, int, int, int, float, float] | None = None
         pref: tuple[float, int] | None = None  # (β·Ê + λ-term, degree)
@@ -251,20 +279,27 @@ class Scheduler:
             qj = float(qm[j])
             if qj == np.inf:
                 continue
-            e = predict(c, L, 0)
-            cand = (qj + e * f, c, ids[j], j, 0, 0, e, qj)
+            e, p = predict(c, L, 0), 0
+            if fv and qj <= fq:
+                e_f = predict(c, L - f_cached, f_cached) + fv * fs
+                if e_f < e:
+                    e, p = e_f, f_cached
+            cand = (qj + e * f, c, ids[j], j, 0, p, e, qj)
             if best is None or cand < best:
                 best = cand
             if pref is None or (e * f, c) < pref:
                 pref = (e * f, c)
         if holders:
-            B = self.block_tokens
             degs = self._degs
             for k, h, qk in holders:
                 c = degs[k]
                 f = factors[c]
                 cached = min(h * B, L - 1)
                 e = predict(c, L - cached, cached)
+                if fv > h and qk <= fq:
+                    e_f = predict(c, L - f_cached, f_cached) + (fv - h) * fs
+                    if e_f < e:
+                        e, cached = e_f, f_cached
                 cand = (qk + e * f, c, ids[k], k, h, cached, e, qk)
                 if best is None or cand < best:
                     best = cand

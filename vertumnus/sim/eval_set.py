@@ -9,7 +9,8 @@ Schema::
     start: 4xCP4+3xCP8            # default starting composition of the adaptive policy
     workloads:
       - {name: alt-a, pattern: alternating, seed: 1001, traces: [conversation], start: 6xCP4+2xCP8,
-         params: {...}}           # params: see vertumnus.sim.protocol (one model per pattern)
+         params: {...},           # params: see vertumnus.sim.protocol (one model per pattern)
+         hot_prefixes: {count: 16, min_tokens: 2048, max_tokens: 8192, share: 0.6, zipf: 1.0}}  # optional
 
 Validated on load (pydantic; unknown keys, unknown patterns and bad pattern parameters are errors naming the
 workload). Trace paths are relative to the repository root unless absolute or present from the CWD.
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from vertumnus.config import VertumnusConfig
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.sim.inputs import resolve
-from vertumnus.sim.protocol import Generated, LoadPhase, build_phases, generate, load_pool
+from vertumnus.sim.protocol import Generated, HotPrefixes, LoadPhase, build_phases, generate, load_pool
 
 
 class WorkloadSpec(BaseModel):
@@ -41,6 +42,7 @@ class WorkloadSpec(BaseModel):
     start: str | None = None
     description: str = ""
     params: dict[str, Any] = Field(default_factory=dict)
+    hot_prefixes: HotPrefixes | None = None
 
     def phases(self) -> list[LoadPhase]:
         """The workload's phases (ValueError naming the workload on bad parameters)."""
@@ -99,7 +101,7 @@ class EvalSet(BaseModel):
         """The requests of workload ``name`` under ``cfg`` / ``cost`` (the load → rate rule uses both)."""
         w = self.workload(name)
         pool = load_pool(self.trace_paths(w.traces), self.requests, cfg, cost)
-        return generate(w.name, w.phases(), pool, w.seed, cfg)
+        return generate(w.name, w.phases(), pool, w.seed, cfg, w.hot_prefixes, cost)
 
 
 def load_eval_set(path: str | Path) -> EvalSet:

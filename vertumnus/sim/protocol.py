@@ -21,6 +21,12 @@ load gives another rate: the load is relative to the pool as that profile prices
 (namespaced per trace), so shared system prompts and earlier conversation turns stay shared; ids unique to one
 pool request get fresh ids at every draw, so a request drawn twice is not a free full cache hit.
 
+**Hot prefixes** (optional, :class:`HotPrefixes`): ``count`` shared prefixes (system / tool prompts) of
+``min_tokens``–``max_tokens`` tokens with Zipf popularity; a share of the arrivals gets one prepended. A session
+(a source request whose first block id is shared, i.e. one turn of a multi-turn conversation) always gets the same
+prefix — or none — so later turns still extend earlier ones; a fresh request draws. The prefix tokens count in
+the load → rate rule (w_i is priced on the request as generated, before any cache).
+
 **Source pools.** A pool is a fraction range of each named trace's requests in arrival order (``0:0.5`` = the
 first half), which is how the tuning and test sets (``configs/eval/``) draw from disjoint source requests.
 """
@@ -271,6 +277,91 @@ def build_phases(pattern: str, params: Mapping[str, Any]) -> list[LoadPhase]:
     return build(parsed)
 
 
+# -- hot prefixes -----------------------------------------------------------------------------------------------
+HOT_ID_BASE = 1 << 52  # hot-prefix block ids: below the fresh ids, above every namespaced trace id
+_HOT_STRIDE = 1 << 20  # ids of prefix k: HOT_ID_BASE + k·stride + block
+
+
+class HotPrefixes(_Params):
+    """Shared prefixes prepended to a share of the requests (module docstring)."""
+
+    count: int = Field(ge=1, le=4096)
+    min_tokens: int = Field(ge=512, description="Shortest prefix (rounded down to whole 512-token blocks).")
+    max_tokens: int = Field(ge=512)
+    share: float = Field(ge=0, le=1, description="Fraction of the requests (sessions) given a hot prefix.")
+    zipf: float = Field(1.0, ge=0, description="Popularity of prefix k ∝ (k + 1)^-zipf.")
+    seed: int = Field(0, ge=0, description="Draws the prefix lengths and the sessions' prefixes.")
+
+    @model_validator(mode="after")
+    def _range(self) -> HotPrefixes:
+        if self.max_tokens < self.min_tokens:
+            raise ValueError(f"max_tokens {self.max_tokens} is below min_tokens {self.min_tokens}")
+        return self
+
+    def blocks(self) -> np.ndarray:
+        """Length in 512-token blocks of each prefix (deterministic in ``seed``)."""
+        rng = np.random.default_rng(self.seed)
+        lo, hi = self.min_tokens // 512, self.max_tokens // 512
+        return rng.integers(lo, hi + 1, size=self.count)
+
+    def popularity(self) -> np.ndarray:
+        w = (np.arange(self.count) + 1.0) ** -self.zipf
+        return w / w.sum()
+
+
+@dataclass(slots=True)
+class _HotDraw:
+    """Per-generation state of the hot prefixes: lengths, popularity and each session's choice."""
+
+    spec: HotPrefixes
+    blocks: np.ndarray
+    cdf: np.ndarray
+    sessions: dict[int, int] = field(default_factory=dict)  # first shared block id -> prefix index (-1: none)
+
+    @classmethod
+    def of(cls, spec: HotPrefixes) -> _HotDraw:
+        return cls(spec, spec.blocks(), np.cumsum(spec.popularity()))
+
+    def _draw(self, rng: np.random.Generator) -> int:
+        if rng.random() >= self.spec.share:
+            return -1
+        k = int(np.searchsorted(self.cdf, rng.random(), side="right"))
+        return min(k, self.spec.count - 1)
+
+    def choose(self, src: PoolRequest, rng: np.random.Generator) -> int:
+        """The prefix index of one arrival (-1: none); a session keeps its first draw."""
+        if src.shared and src.shared[0]:
+            first = src.hash_ids[0]
+            k = self.sessions.get(first)
+            if k is None:
+                k = self.sessions[first] = self._draw(rng)
+            return k
+        return self._draw(rng)
+
+    def ids(self, k: int) -> list[int]:
+        base = HOT_ID_BASE + k * _HOT_STRIDE
+        return list(range(base, base + int(self.blocks[k])))
+
+
+def hot_work(pool: SourcePool, spec: HotPrefixes, cost: CostModel, degrees: Sequence[int]) -> SourcePool:
+    """``pool`` with w̄_short / w̄_long priced on requests as generated: with probability ``share`` a prefix of
+    prefix-k's tokens (popularity p_k) in front, uncached (the load definition)."""
+    tokens = spec.blocks().astype(np.float64) * 512.0
+    pop = spec.popularity()
+
+    def mean(reqs: list[PoolRequest], old: float) -> float:
+        if not reqs:
+            return old
+        lens = np.array([r.input_len for r in reqs], dtype=np.float64)
+        plain = gpu_seconds(cost, degrees, lens).mean()
+        grid = (lens[:, None] + tokens[None, :]).ravel()
+        with_p = gpu_seconds(cost, degrees, grid).reshape(lens.size, tokens.size).mean(axis=0) @ pop
+        return float((1.0 - spec.share) * plain + spec.share * with_p)
+
+    return SourcePool(pool.short, pool.long, mean(pool.short, pool.work_short), mean(pool.long, pool.work_long),
+                      pool.gpus, pool.traces, pool.fraction)  # fmt: skip
+
+
 # -- source pools ----------------------------------------------------------------------------------------------
 @dataclass(slots=True, frozen=True)
 class PoolRequest:
@@ -389,14 +480,16 @@ class Generated:
 
 
 def generate_records(
-    phases: Sequence[LoadPhase], pool: SourcePool, seed: int
+    phases: Sequence[LoadPhase], pool: SourcePool, seed: int, hot: HotPrefixes | None = None
 ) -> tuple[list[TraceRecord], list[tuple[str, int]]]:
-    """Arrivals (thinning of a Poisson process at each phase's peak rate) and resampled, re-identified requests."""
+    """Arrivals (thinning of a Poisson process at each phase's peak rate) and resampled, re-identified requests,
+    with ``hot`` prefixes prepended (price the pool with :func:`hot_work` first)."""
     if pool.short == [] and any(p.long_share < 1 or (p.long_end is not None and p.long_end < 1) for p in phases):
         raise ValueError("the source pool has no short requests but a phase asks for them")
     if pool.long == [] and any(p.long_share > 0 or (p.long_end or 0) > 0 for p in phases):
         raise ValueError("the source pool has no long requests but a phase asks for them")
     rng = np.random.default_rng(seed)
+    draw = _HotDraw.of(hot) if hot is not None else None
     next_fresh = FRESH_ID_BASE
     records: list[TraceRecord] = []
     sources: list[tuple[str, int]] = []
@@ -421,14 +514,33 @@ def generate_records(
                 else:
                     ids.append(next_fresh)
                     next_fresh += 1
-            records.append(TraceRecord(len(records) + 1, t, src.input_len, src.output_len, tuple(ids)))
+            input_len = src.input_len
+            k = draw.choose(src, rng) if draw is not None else -1
+            if draw is not None and k >= 0:
+                front = draw.ids(k)
+                ids = front + ids
+                input_len += 512 * len(front)
+            records.append(TraceRecord(len(records) + 1, t, input_len, src.output_len, tuple(ids)))
             sources.append((src.trace, src.line))
     return records, sources
 
 
-def generate(name: str, phases: Sequence[LoadPhase], pool: SourcePool, seed: int, cfg: VertumnusConfig) -> Generated:
-    """Requests of one workload (deterministic for a given pool, phases and seed)."""
-    records, sources = generate_records(phases, pool, seed)
+def generate(
+    name: str,
+    phases: Sequence[LoadPhase],
+    pool: SourcePool,
+    seed: int,
+    cfg: VertumnusConfig,
+    hot: HotPrefixes | None = None,
+    cost: CostModel | None = None,
+) -> Generated:
+    """Requests of one workload (deterministic for a given pool, phases, seed and hot prefixes; ``cost`` prices
+    the hot prefixes into the rates and is required with ``hot``)."""
+    if hot is not None:
+        if cost is None:
+            raise ValueError("generate: hot prefixes need the cost model (the load → rate rule prices them)")
+        pool = hot_work(pool, hot, cost, list(cfg.pool.degrees))
+    records, sources = generate_records(phases, pool, seed, hot)
     if not records:
         raise ValueError(f"workload {name!r} generated no requests (all loads zero?)")
     requests = build_requests(records, cfg, prefix=f"{name}:", origin_s=0.0)

@@ -8,7 +8,9 @@ Experiments (40 simulated GPUs, 5 nodes × 8, degrees 4 and 8, configs/sim-40gpu
 2. the time-varying workload (configs/workloads/tool-agent-phases.yaml): Vertumnus against every fixed
    composition of the lattice (Vertumnus routing, controller off), per phase;
 3. the simulator's speed on the conversation trace;
-4. sections 1 and 2 again under the second cost profile (configs/sim-40gpu-aic.yaml: the same config with the
+4. the cache-manager ablation on the hot-prefix test set under KV pressure (:mod:`vertumnus.sim.cache_report`;
+   ``--only cache-ablation`` reruns just that section and rewrites it in place);
+5. sections 1 and 2 again under the second cost profile (configs/sim-40gpu-aic.yaml: the same config with the
    AIConfigurator-modelled profile), side by side with the first, and the two profiles' E_C curves
    (:mod:`vertumnus.sim.report_profiles`).
 
@@ -30,6 +32,8 @@ from pathlib import Path
 from vertumnus.config import VertumnusConfig, format_composition
 from vertumnus.controller.lattice import Lattice
 from vertumnus.profiling.cost_model import CostModel
+from vertumnus.sim.cache_report import SECTION as CACHE_SECTION
+from vertumnus.sim.cache_report import cache_section
 from vertumnus.sim.inputs import Workload, load_cost, load_sim_config, load_workload_requests, resolve
 from vertumnus.sim.policies import BASELINES, LOWER_BOUND
 from vertumnus.sim.report_profiles import SECOND_CONFIG, ProfileRuns, render_section
@@ -181,13 +185,41 @@ def second_profile(
     return render_section([first, second], img, md_dir)
 
 
+def _load_text() -> str:
+    return (
+        f"{platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} when it ended, "
+        f"{dt.date.today().isoformat()}"
+    )
+
+
+def splice(doc: str, name: str, section: str) -> str:
+    """``doc`` with the marked section ``name`` replaced by ``section`` (appended when it has none)."""
+    start, end = f"<!-- section:{name} -->", f"<!-- /section:{name} -->"
+    i, j = doc.find(start), doc.find(end)
+    if i < 0 or j < i:
+        return doc.rstrip("\n") + "\n\n" + section
+    return doc[:i] + section.rstrip("\n") + doc[j + len(end) :]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs/results.md", help="Markdown file to write (images go to <dir>/img/).")
     ap.add_argument("--config", default=None, help="Simulator config (default configs/sim-40gpu.yaml).")
     ap.add_argument("--quick", action="store_true", help="One rate per trace, no phase workload (smoke run).")
     ap.add_argument("--jobs", type=int, default=1, help="Processes for the out-of-sample test-set runs.")
+    ap.add_argument(
+        "--only",
+        choices=[CACHE_SECTION],
+        default=None,
+        help="Rerun one marked section and rewrite just it in --out (the rest of the file is kept).",
+    )
     args = ap.parse_args(argv)
+    if args.only:
+        out = Path(args.out)
+        text = cache_section(args.jobs, log, _load_text)
+        out.write_text(splice(out.read_text() if out.exists() else "", CACHE_SECTION, text))
+        log(f"rewrote section {args.only} of {out}")
+        return 0
     t0 = time.perf_counter()
     cfg = load_sim_config(args.config)
     cost = load_cost(cfg)
@@ -216,6 +248,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         log("out-of-sample test set")
         oos = "\n" + results_section(img, out.parent, jobs=args.jobs, log=log)
+    cache_oos = ""
+    if not args.quick:
+        log("cache-manager ablation, hot-prefix test set")
+        cache_oos = "\n" + cache_section(args.jobs, log, _load_text)
     log("speed benchmark")
     load = os.getloadavg()[0]
     bench = run_bench(cfg, cost, TRACES["conversation"])
@@ -228,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": "python -m vertumnus.sim.report --out " + str(args.out) + (" --quick" if args.quick else ""),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(rep, img, out.parent) + profiles + oos)
+    out.write_text(render(rep, img, out.parent) + profiles + oos + cache_oos)
     log(f"wrote {out} ({rep.wall_s:.0f} s)")
     return 0
 

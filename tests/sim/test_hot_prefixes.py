@@ -1,0 +1,150 @@
+"""Hot-prefix workloads and the cache ablation's inputs: prefixes prepended with Zipf popularity, sessions keep
+theirs, rates priced with the prefixes, KV capacity from GPU memory, the cache sets disjoint and valid, and the
+report's section splice."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from vertumnus.sim.cache_eval import load_cache_set
+from vertumnus.sim.inputs import load_cost, load_sim_config
+from vertumnus.sim.kv_capacity import kv_blocks_per_gpu
+from vertumnus.sim.protocol import (
+    HOT_ID_BASE,
+    TRACE_NAMESPACE_BITS,
+    HotPrefixes,
+    LoadPhase,
+    generate,
+    generate_records,
+    hot_work,
+    make_pool,
+)
+from vertumnus.sim.report import splice
+from vertumnus.sim.workload import TraceRecord
+
+CFG = load_sim_config(None)
+COST = load_cost(CFG)
+NS = 1 << TRACE_NAMESPACE_BITS
+
+
+def _pool():  # type: ignore[no-untyped-def]
+    # Sessions: 1-2 share their first block (two turns of one conversation); 3 is a one-off.
+    recs = [
+        TraceRecord(1, 0.0, 1024, 1, (1, 2)),
+        TraceRecord(2, 1.0, 1536, 1, (1, 2, 3)),
+        TraceRecord(3, 2.0, 1024, 1, (7, 8)),
+        TraceRecord(4, 3.0, 36864, 1, tuple(range(100, 172))),  # a long one (never drawn at long share 0)
+    ]
+    return make_pool({"hand": recs}, (0.0, 1.0), CFG, COST)
+
+
+HOT = HotPrefixes(count=4, min_tokens=1024, max_tokens=2048, share=0.75, zipf=1.0, seed=5)
+
+
+def _split(ids: tuple[int, ...]) -> tuple[int, list[int]]:
+    """(prefix index or -1, the rest)."""
+    if ids[0] >= HOT_ID_BASE and ids[0] < HOT_ID_BASE + (1 << 40):
+        k = (ids[0] - HOT_ID_BASE) >> 20
+        n = sum(1 for x in ids if HOT_ID_BASE <= x < HOT_ID_BASE + (1 << 40))
+        return k, list(ids[n:])
+    return -1, list(ids)
+
+
+def test_prefixes_are_prepended_with_their_lengths_and_zipf_popularity() -> None:
+    blocks = HOT.blocks().tolist()
+    assert all(2 <= b <= 4 for b in blocks)
+    recs, _ = generate_records([LoadPhase(400.0, 2.0, 0.0)], _pool(), seed=3, hot=HOT)
+    chosen = Counter()
+    for r in recs:
+        k, rest = _split(r.hash_ids)
+        base = {1024: 2, 1536: 3}[r.input_len - 512 * (blocks[k] if k >= 0 else 0)]
+        assert len(rest) == base  # the source request's own blocks follow the prefix unchanged in count
+        chosen[k] += 1
+    n = len(recs)
+    assert n > 500
+    # One-offs draw: share 0.75 with popularity 1 : 1/2 : 1/3 : 1/4 → the first prefix most, the last least.
+    with_prefix = [chosen[k] for k in range(4)]
+    assert with_prefix[0] > with_prefix[1] > with_prefix[3]
+
+
+def test_a_session_keeps_one_prefix_so_later_turns_extend_earlier_ones() -> None:
+    recs, sources = generate_records([LoadPhase(300.0, 2.0, 0.0)], _pool(), seed=4, hot=HOT)
+    by_session = {}
+    for r, (_, line) in zip(recs, sources, strict=True):
+        if line in (1, 2):  # both turns start with the shared block 1
+            k, rest = _split(r.hash_ids)
+            assert rest[0] == NS | 1
+            by_session.setdefault("s", set()).add(k)
+    assert len(by_session["s"]) == 1
+
+
+def test_rates_price_the_prefixes() -> None:
+    pool = _pool()
+    priced = hot_work(pool, HOT, COST, list(CFG.pool.degrees))
+    assert priced.work_short > pool.work_short  # the same load arrives at a lower rate
+    none = hot_work(pool, HOT.model_copy(update={"share": 0.0}), COST, list(CFG.pool.degrees))
+    assert none.work_short == pytest.approx(pool.work_short)
+    gen = generate("h", [LoadPhase(60.0, 1.0, 0.0)], pool, 1, CFG, HOT, COST)
+    assert gen.rates[0][0] == pytest.approx(priced.rate(1.0, 0.0))
+    with pytest.raises(ValueError, match="cost model"):
+        generate("h", [LoadPhase(60.0, 1.0, 0.0)], pool, 1, CFG, HOT)
+
+
+def test_bad_hot_prefix_parameters_are_errors() -> None:
+    with pytest.raises(ValueError, match="below min_tokens"):
+        HotPrefixes(count=2, min_tokens=4096, max_tokens=1024, share=0.5)
+    with pytest.raises(ValueError):
+        HotPrefixes(count=0, min_tokens=1024, max_tokens=1024, share=0.5)
+
+
+def test_kv_capacity_from_gpu_memory() -> None:
+    bpb = CFG.cache.bytes_per_block  # Qwen3-30B-A3B bf16: 50.3 MB per 512-token block
+    assert kv_blocks_per_gpu(80, 61.0, bpb) == 218  # (72 - 61) GB / 50.3 MB
+    assert kv_blocks_per_gpu(141, 61.0, bpb) == 1309
+    with pytest.raises(ValueError, match="no room"):
+        kv_blocks_per_gpu(64, 61.0, bpb)
+
+
+def test_cache_sets_are_disjoint_and_sized_from_memory() -> None:
+    tune, test = load_cache_set("configs/eval/cache-tuning.yaml"), load_cache_set("configs/eval/cache-test.yaml")
+    assert tune.requests[1] <= test.requests[0]  # disjoint source requests
+    assert not {w.seed for w in tune.workloads} & {w.seed for w in test.workloads}
+    assert not {w.name for w in tune.workloads} & {w.name for w in test.workloads}
+    caps = test.capacities(CFG.cache.bytes_per_block)
+    assert list(caps.values()) == sorted(caps.values()) and len(caps) >= 2
+
+
+def test_splice_rewrites_only_the_marked_section() -> None:
+    doc = "head\n<!-- section:x -->\nold\n<!-- /section:x -->\ntail\n"
+    new = "<!-- section:x -->\nnew\n<!-- /section:x -->\n"
+    assert splice(doc, "x", new) == "head\n<!-- section:x -->\nnew\n<!-- /section:x -->\ntail\n"
+    assert splice("head\n", "x", new) == "head\n\n" + new
+
+
+def test_queue_aware_fetches_in_the_simulator_and_loses_nothing() -> None:
+    from vertumnus.sim.runner import Simulation
+
+    pool = make_pool(
+        {"hand": [TraceRecord(i + 1, float(i), 1024 + 512 * (i % 5), 1, (i, 10_000 + i)) for i in range(40)]
+         + [TraceRecord(41, 41.0, 36864, 1, tuple(range(20_000, 20_072)))]},
+        (0.0, 1.0), CFG, COST,
+    )  # fmt: skip
+    hot = HotPrefixes(count=3, min_tokens=8192, max_tokens=16384, share=0.9, zipf=1.0, seed=2)
+    gen = generate("h", [LoadPhase(40.0, 0.9, 0.0)], pool, 7, CFG, hot, COST)
+    runs = {}
+    for policy in ("rules", "queue_aware"):
+        cfg = CFG.model_copy(deep=True)
+        cfg.controller.enabled = False
+        cfg.pool.kv_capacity_blocks_per_rank = 64  # pressure: a CP4 worker holds 256 blocks
+        cfg.cache.policy = policy  # type: ignore[assignment]
+        sim = Simulation(gen.requests, cfg, COST, "vertumnus", "6xCP4+2xCP8")
+        runs[policy] = sim.run().summary
+        sim.pool.cache.check_invariants()
+        if policy == "queue_aware":
+            stats = sim.pool.cache.stats()
+            assert stats["fetch_ordered"] > 0 and stats["replications_confirmed"] > 0
+    for s in runs.values():
+        assert s["completed"] == s["requests"] == len(gen.requests)
+        assert s["rejected"] == s["failed"] == s["unfinished"] == 0

@@ -1,0 +1,261 @@
+"""The cache-manager ablation on hot-prefix workloads under KV pressure (``configs/eval/cache-*.yaml``).
+
+Each workload is a steady stream resampled from the public traces (:mod:`vertumnus.sim.protocol`) with shared hot
+prefixes prepended (system / tool prompts, Zipf popularity; multi-turn sessions keep theirs), run at several loads
+and several per-GPU KV capacities — each capacity computed from a GPU's memory, the model's weights and its KV size
+(:mod:`vertumnus.sim.kv_capacity`). Every point runs the pool without replication (``norepl``) and with each
+replication policy (``rules``: the paper's thresholds; ``queue_aware``: :mod:`vertumnus.cache.hot_copy`), at the
+set's fixed composition with the controller off, and again with the controller on (started from that
+composition). Verdict per (workload, capacity, mode, policy), as the issue states it: P90 TTFT ≥ 10% below
+``norepl`` at the highest load where ``norepl`` still meets the SLO target, and never more than 1% above it at any
+load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from vertumnus.config import VertumnusConfig
+from vertumnus.profiling.cost_model import CostModel
+from vertumnus.sim.inputs import load_cost, load_sim_config, resolve
+from vertumnus.sim.kv_capacity import kv_blocks_per_gpu
+from vertumnus.sim.policies import normalise_composition
+from vertumnus.sim.protocol import Generated, HotPrefixes, LoadPhase, generate, load_pool
+from vertumnus.sim.runner import run_policy
+
+POLICIES = ("norepl", "rules", "queue_aware")
+MODES = ("fixed", "controller")
+P90_GAIN = 0.10  # P90 at least this much lower at the highest load that meets the SLO
+P90_SLACK = 0.01  # and never more than this much higher at any load
+METRICS = (
+    "mean_ttft_s", "p90_ttft_s", "p99_ttft_s", "slo_attainment_token_weighted", "prefix_hit_rate_tokens",
+    "replications", "reclamations", "copied_blocks", "evicted_blocks", "rejected", "failed", "unfinished",
+)  # fmt: skip
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Memory(_Strict):
+    """How the per-GPU KV capacities are derived: weights and utilisation, and the GPU sizes to run."""
+
+    weights_gb: float = Field(gt=0, description="Model weights per GPU (CP replicates them on every rank).")
+    utilisation: float = Field(0.9, gt=0, le=1)
+    gpus: dict[str, float] = Field(min_length=1, description="Label -> GPU memory in GB.")
+
+
+class CacheWorkload(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str = ""
+    seed: int = Field(ge=0)
+    traces: tuple[str, ...] = Field(min_length=1)
+    long_share: float = Field(ge=0, le=1)
+    duration_s: float = Field(gt=0)
+    hot_prefixes: HotPrefixes
+
+
+class CacheEvalSet(_Strict):
+    name: str
+    description: str = ""
+    traces: dict[str, str] = Field(min_length=1)
+    requests: tuple[float, float]
+    composition: str
+    loads: tuple[float, ...] = Field(min_length=1)
+    memory: Memory
+    workloads: tuple[CacheWorkload, ...] = Field(min_length=1)
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _check(self) -> CacheEvalSet:
+        a, b = self.requests
+        if not 0 <= a < b <= 1:
+            raise ValueError(f"requests must be a range 0 ≤ start < end ≤ 1, got {[a, b]}")
+        if any(not (x > 0 and math.isfinite(x)) for x in self.loads):
+            raise ValueError(f"loads must be > 0, got {list(self.loads)}")
+        names = [w.name for w in self.workloads]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate workload names in {names}")
+        for w in self.workloads:
+            unknown = sorted(set(w.traces) - set(self.traces))
+            if unknown:
+                raise ValueError(f"workload {w.name!r} names traces {unknown} not in traces {sorted(self.traces)}")
+        return self
+
+    def capacities(self, bytes_per_block: int) -> dict[str, int]:
+        """GPU label -> KV blocks per GPU."""
+        m = self.memory
+        return {k: kv_blocks_per_gpu(gb, m.weights_gb, bytes_per_block, m.utilisation) for k, gb in m.gpus.items()}
+
+
+def load_cache_set(path: str | Path) -> CacheEvalSet:
+    """Read and validate a cache ablation set (ValueError with the reason)."""
+    p = resolve(str(path))
+    if not p.is_file():
+        raise ValueError(f"cache evaluation set not found: {path}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"cache evaluation set {p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"cache evaluation set {p}: expected a mapping")
+    try:
+        return CacheEvalSet.model_validate({**data, "source": str(path)})
+    except ValidationError as e:
+        lines = [f"invalid cache evaluation set {p}:"]
+        for err in e.errors():
+            key = ".".join(str(x) for x in err["loc"]) or "<root>"
+            lines.append(f"  {key}: {'unknown key' if err['type'] == 'extra_forbidden' else err['msg']}")
+        raise ValueError("\n".join(lines)) from None
+
+
+# -- runs ----------------------------------------------------------------------------------------------------------
+@dataclass(slots=True, frozen=True)
+class CacheTask:
+    set_path: str
+    config: str
+    workload: str
+    gpu: str
+    load: float
+    mode: str
+    policy: str
+
+
+@lru_cache(maxsize=4)
+def _context(set_path: str, config: str) -> tuple[CacheEvalSet, VertumnusConfig, CostModel]:
+    cfg = load_sim_config(config)
+    return load_cache_set(set_path), cfg, load_cost(cfg)
+
+
+@lru_cache(maxsize=2)
+def _requests(set_path: str, config: str, workload: str, load: float) -> Generated:
+    es, cfg, cost = _context(set_path, config)
+    w = next(x for x in es.workloads if x.name == workload)
+    pool = load_pool({n: resolve(es.traces[n]) for n in w.traces}, es.requests, cfg, cost)
+    phase = LoadPhase(w.duration_s, load, w.long_share, label=f"load {load:g}")
+    return generate(f"{w.name}@{load:g}", [phase], pool, w.seed, cfg, w.hot_prefixes, cost)
+
+
+def run_config(es: CacheEvalSet, cfg: VertumnusConfig, task: CacheTask) -> VertumnusConfig:
+    """The config of one run: capacity, composition, controller and replication policy."""
+    out = cfg.model_copy(deep=True)
+    out.pool.kv_capacity_blocks_per_rank = es.capacities(cfg.cache.bytes_per_block)[task.gpu]
+    out.pool.initial_composition = normalise_composition(es.composition, cfg)
+    out.controller.enabled = task.mode == "controller"
+    out.cache.replication = task.policy != "norepl"
+    if task.policy != "norepl":
+        out.cache.policy = task.policy  # type: ignore[assignment]
+    return out
+
+
+def run_task(task: CacheTask) -> dict[str, Any]:
+    """One simulation; the :data:`METRICS` of its summary."""
+    es, cfg, cost = _context(task.set_path, task.config)
+    gen = _requests(task.set_path, task.config, task.workload, task.load)
+    run_cfg = run_config(es, cfg, task)
+    s = run_policy(gen.requests, run_cfg, cost, "vertumnus").summary
+    out = {k: s.get(k) for k in METRICS}
+    out["requests"] = len(gen.requests)
+    return out
+
+
+@dataclass(slots=True)
+class CacheEvalResult:
+    set_name: str
+    config: str
+    profile: str
+    capacities: dict[str, int]
+    bytes_per_block: int
+    slo_target: float
+    runs: dict[CacheTask, dict[str, Any]] = field(default_factory=dict)
+
+    def run(self, workload: str, gpu: str, load: float, mode: str, policy: str) -> dict[str, Any]:
+        return self.runs[next(t for t in self.runs if (t.workload, t.gpu, t.load, t.mode, t.policy) ==
+                              (workload, gpu, load, mode, policy))]  # fmt: skip
+
+
+def tasks_of(set_path: str, config: str) -> list[CacheTask]:
+    es, _, _ = _context(set_path, config)
+    return [
+        CacheTask(set_path, config, w.name, gpu, load, mode, pol)
+        for w in es.workloads for load in es.loads for gpu in es.memory.gpus for mode in MODES for pol in POLICIES
+    ]  # fmt: skip
+
+
+def evaluate_cache(
+    set_path: str, config: str, jobs: int = 1, progress: Callable[[int, int], None] | None = None
+) -> CacheEvalResult:
+    """Every run of the set under ``config`` (jobs > 1: a process pool)."""
+    es, cfg, cost = _context(set_path, config)
+    normalise_composition(es.composition, cfg)  # a bad composition fails before any run
+    tasks = tasks_of(set_path, config)
+    res = CacheEvalResult(es.name, config, cost.profile.source, es.capacities(cfg.cache.bytes_per_block),
+                          cfg.cache.bytes_per_block, cfg.slo.target_attainment)  # fmt: skip
+    if jobs <= 1:
+        for i, t in enumerate(tasks, 1):
+            res.runs[t] = run_task(t)
+            if progress:
+                progress(i, len(tasks))
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as ex:
+            futs = {ex.submit(run_task, t): t for t in tasks}
+            for i, f in enumerate(as_completed(futs), 1):
+                res.runs[futs[f]] = f.result()
+                if progress:
+                    progress(i, len(tasks))
+    res.runs = {t: res.runs[t] for t in tasks}  # task order
+    return res
+
+
+# -- verdicts ------------------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Verdict:
+    workload: str
+    gpu: str
+    mode: str
+    policy: str
+    slo_load: float | None  # highest load where norepl meets the SLO target (None: none does)
+    p90_at_slo_load: float | None  # relative P90 change there
+    worst_p90: float  # largest relative P90 change over all loads
+    lost: int
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.p90_at_slo_load is not None
+            and self.p90_at_slo_load <= -P90_GAIN
+            and self.worst_p90 <= P90_SLACK
+            and self.lost == 0
+        )
+
+
+def _rel(a: float | None, b: float | None) -> float:
+    if a is None or b is None or not b:
+        return math.nan
+    return a / b - 1.0
+
+
+def verdicts(res: CacheEvalResult, loads: Sequence[float], workloads: Sequence[str]) -> list[Verdict]:
+    out = []
+    for w in workloads:
+        for gpu in res.capacities:
+            for mode in MODES:
+                base = {x: res.run(w, gpu, x, mode, "norepl") for x in loads}
+                ok = [x for x in loads if (base[x]["slo_attainment_token_weighted"] or 0) >= res.slo_target]
+                top = max(ok) if ok else None
+                for pol in POLICIES[1:]:
+                    runs = {x: res.run(w, gpu, x, mode, pol) for x in loads}
+                    rel = {x: _rel(runs[x]["p90_ttft_s"], base[x]["p90_ttft_s"]) for x in loads}
+                    lost = sum(int(r[k] or 0) for r in runs.values() for k in ("rejected", "failed", "unfinished"))
+                    out.append(Verdict(w, gpu, mode, pol, top, rel[top] if top is not None else None,
+                                       max(rel.values()), lost))  # fmt: skip
+    return out
