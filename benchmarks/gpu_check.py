@@ -2,8 +2,11 @@
 
 1. Correctness: the C = 1 CP forward on CUDA (both CUDA chunk kernels) against the single-process CPU reference,
    fp32 with TF32 off, with and without a cached prefix: last-token logits and produced KV, max abs error.
+   Both a Llama-style and a small Qwen3-MoE model (q/k norm, router, top-k experts).
 2. Profile: measured single-GPU prefill time over a grid of (R uncached, P cached) tokens for a realistic
-   attention shape (32 query heads, 4 KV heads, head dim 128, bf16, a few layers), written as profile samples
+   attention shape (32 query heads, 4 KV heads, head dim 128, bf16, a few layers; or, with
+   ``--model qwen3-30b-a3b``, the whole Qwen3-30B-A3B shape: 48 layers, 128 experts top-8, R 1K-64K, P 0 / 16K,
+   random bf16 weights, ~61 GB), written as profile samples
    ``degree,r,p,seconds`` that ``vertumnus.profiling.fit`` fits. A timed prefill is what a degree-1 worker of the
    engine does on reuse: assemble the cached prefix from its blocks, the zigzag forward, and cut the new full
    blocks out of the produced KV.
@@ -28,7 +31,8 @@ from vertumnus.cp.block_index import BlockIndex
 from vertumnus.cp.comm import LocalComm
 from vertumnus.cp.cp_forward import cp_prefill, gather_prefix
 from vertumnus.cp.model import ReferenceModel
-from vertumnus.cp.weights import ModelDims, random_weights
+from vertumnus.cp.qwen3 import QWEN3_30B_A3B, preset_config
+from vertumnus.cp.weights import ModelDims, dims_from_hf_config, random_weights
 from vertumnus.profiling.measure import GridPoint, Measurement, write_samples
 
 BLOCK = 512  # engine block = manager block (cache.block_tokens default)
@@ -38,12 +42,34 @@ def check_correctness(device: str) -> dict[str, object]:
     """C = 1 on ``device`` vs the CPU reference (fp32)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    dims = ModelDims(
+    llama = ModelDims(
         vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=2, num_heads=8, num_kv_heads=2, head_dim=16
     )
+    cases: list[dict[str, object]] = []
+    errs: list[float] = []
+    moe = dims_from_hf_config(
+        {
+            **preset_config("tiny-qwen3-moe"),
+            "vocab_size": 256,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,  # ≠ hidden / heads
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+        }
+    )
+    for dims in (llama, moe):
+        errs += _check_model(device, dims, cases)
+    worst = max(errs)
+    return {"ok": worst <= 1e-3, "tolerance": 1e-3, "worst": worst, "cases": cases}
+
+
+def _check_model(device: str, dims: ModelDims, cases: list[dict[str, object]]) -> list[float]:
+    """Errors of one model's C = 1 forward on ``device`` against the CPU reference (cases appended)."""
     w = random_weights(dims, seed=0)
     cpu, dev = ReferenceModel(w, "cpu"), ReferenceModel(w, device)
-    cases: list[dict[str, object]] = []
     errs: list[float] = []
     impls = ["causal_lr", "mask"] if torch.device(device).type == "cuda" else ["flash_lse", "mask"]
     for n, p in [(45, 0), (77, 32), (300, 128), (1001, 512)]:
@@ -56,14 +82,13 @@ def check_correctness(device: str) -> dict[str, object]:
             assert out.logits is not None
             le = float((out.logits.cpu() - ref_logits).abs().max())
             ke = float((out.new_kv.cpu() - ref_kv[:, :, :, p:]).abs().max())
-            cases.append({"n": n, "p": p, "impl": impl, "logits_err": le, "kv_err": ke})
+            cases.append({"model": dims.model_type, "n": n, "p": p, "impl": impl, "logits_err": le, "kv_err": ke})
             errs += [le, ke]
         single = dev.prefill(ids)[0].cpu()  # the single-process forward on the device, too
         le = float((single - ref_logits).abs().max())
-        cases.append({"n": n, "p": 0, "impl": "reference-on-device", "logits_err": le})
+        cases.append({"model": dims.model_type, "n": n, "p": 0, "impl": "reference-on-device", "logits_err": le})
         errs.append(le)
-    worst = max(errs)
-    return {"ok": worst <= 1e-3, "tolerance": 1e-3, "worst": worst, "cases": cases}
+    return errs
 
 
 def _sync(device: str) -> None:
@@ -124,7 +149,13 @@ def main() -> int:
     ap.add_argument("--out", default="out/gpu_check")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--small", action="store_true", help="tiny shapes (dry run on CPU)")
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument(
+        "--model",
+        choices=["llama-shape", "qwen3-30b-a3b"],
+        default="llama-shape",
+        help="profile model: Llama-8B attention shape with --layers layers, or the whole Qwen3-30B-A3B shape",
+    )
+    ap.add_argument("--layers", type=int, default=4, help="layers of the llama-shape model")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=180.0, help="time budget of the profile grid")
     args = ap.parse_args()
@@ -141,7 +172,15 @@ def main() -> int:
         f"(worst abs err {corr['worst']:.2e})",
         flush=True,
     )
-    if args.small:
+    qwen = args.model == "qwen3-30b-a3b"
+    if args.small and qwen:
+        dims = dims_from_hf_config(preset_config("tiny-qwen3-moe"))
+        grid_r, grid_p = [512, 1024, 2048], [0, 1024, 2048]
+    elif qwen:
+        dims = dims_from_hf_config(QWEN3_30B_A3B)
+        grid_r = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
+        grid_p = [0, 16384]
+    elif args.small:
         dims = ModelDims(
             vocab_size=512,
             hidden_size=256,
@@ -173,7 +212,13 @@ def main() -> int:
         "torch": torch.__version__,
         "correctness_ok": corr["ok"],
         "samples": len(rows),
+        "weights": "random weights, Qwen3-30B-A3B shape" if qwen and not args.small else "random weights",
         "model": {
+            "name": args.model + (" (small)" if args.small else ""),
+            "type": dims.model_type,
+            "experts": dims.num_experts,
+            "top_k": dims.top_k,
+            "expert_intermediate": dims.moe_intermediate_size,
             "layers": dims.num_layers,
             "hidden": dims.hidden_size,
             "heads": dims.num_heads,

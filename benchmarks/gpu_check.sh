@@ -6,7 +6,9 @@
 # Fit the samples into a profile on the same host:
 #   vertumnus profile --from-samples out/gpu_check/profile_samples.csv --config configs/h200x8-example.yaml \
 #     --engine torch --degrees 1 --trace '' --out configs/profiles/h200-torch-c1.yaml
-# CPU dry run of the same code path (what the test suite runs):
+# Qwen3-30B-A3B shape (all 48 layers, 128 experts top-8, random bf16 weights, R 1K-64K x P 0 / 16K):
+#   benchmarks/gpu_check.sh --model qwen3-30b-a3b --repeats 2
+# CPU dry run of the same code path (what the test suite runs; add --model qwen3-30b-a3b for the MoE one):
 #   python benchmarks/gpu_check.py --device cpu --small --repeats 1 --out /tmp/gpu_check
 set -euo pipefail
 cd "$(dirname "$0")/.."

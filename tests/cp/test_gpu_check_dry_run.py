@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ def test_gpu_check_dry_run_and_fit(tmp_path: Path) -> None:
         [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--small", "--repeats", "1",
          "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},  # many tiny ops: threads only add sync waits on a shared box
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     corr = json.loads((out / "correctness.json").read_text())

@@ -58,6 +58,34 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# The shape of Qwen3-30B-A3B (its config.json's architecture fields): for random-weight measurements on a GPU
+# (benchmarks/gpu_check.py --model qwen3-30b-a3b); ~30.5 B parameters, ~61 GB in bf16. Not a preset: its
+# checkpoint is never written.
+QWEN3_30B_A3B: dict[str, Any] = {
+    "model_type": "qwen3_moe",
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 40960,
+    "dtype": "bfloat16",
+}
+
+
 def dense_equivalent(config: dict[str, Any]) -> dict[str, Any]:
     """The dense Qwen3 config of the same active size as a Qwen3-MoE ``config`` (MLP width top_k × expert width)."""
     moe_keys = ("moe_intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob")
