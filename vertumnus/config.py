@@ -270,6 +270,15 @@ class ServingConfig(_Section):
     admin_token: str | None = Field(None, description="Bearer token for /v1/pool/reconfigure; empty: disabled.")
     decode_actors: int = Field(1, ge=0, description="Embedded decode actors (0: use decode_url).")
     decode_url: str | None = Field(None, description="External OpenAI-compatible decode endpoint.")
+    kv_export_path: str | None = Field(
+        None,
+        description="pool.engine torch with decode_url: write each prefill's KV under this directory as vLLM "
+        "ExampleConnector files (the decode instance's shared_storage_path, a vLLM CPU build) so it loads the "
+        "prompt instead of recomputing it (docs/vllm.md); empty: the decode endpoint recomputes the prompt.",
+    )
+    kv_export_block_size: int = Field(
+        32, ge=1, description="The decode instance's KV block size (vllm serve --block-size); whole blocks export."
+    )
     engine_block_tokens: int = Field(16, ge=1, description="Engine KV block size (tokens).")
     default_max_tokens: int = Field(16, ge=1, description="max_tokens when a request does not set it.")
     startup_timeout_s: float = Field(600.0, gt=0, description="Seconds to wait for every rank to come up.")
@@ -381,6 +390,16 @@ class VertumnusConfig(_Section):
         default_factory=ServingConfig, description="The HTTP server (vertumnus serve) and its decode side."
     )
     vllm: VllmConfig = Field(default_factory=VllmConfig, description="The pool.engine: vllm backend (docs/vllm.md).")
+
+    @model_validator(mode="after")
+    def _kv_export_needs_torch_and_decode_url(self) -> VertumnusConfig:
+        if self.serving.kv_export_path and (self.pool.engine != "torch" or not self.serving.decode_url):
+            raise _KeyedError(
+                "serving.kv_export_path",
+                "exports the torch engine's prefill KV for an external decode endpoint: needs pool.engine: torch "
+                "and serving.decode_url",
+            )
+        return self
 
     @model_validator(mode="after")
     def _engine_block_divides_cache_block(self) -> VertumnusConfig:

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from vertumnus.config import VertumnusConfig
+from vertumnus.engines.torch.kv_export import exporter_for
 from vertumnus.engines.torch.messages import (
     Activate,
     Assign,
@@ -85,6 +86,7 @@ class RayDataPlane:
         self._fresh: set[int] = set()  # replaced and joined, not yet assigned (their worker still FAILED)
         self.restart_failures = 0
         self._regroups: dict[int, asyncio.Future[None]] = {}  # worker -> its pending regroup (restart waits)
+        self._kv_export = exporter_for(cfg)  # None unless serving.kv_export_path: files for a vLLM decode instance
 
     # -- plumbing -------------------------------------------------------------------------------------------
     @property
@@ -369,6 +371,8 @@ class RayDataPlane:
         kv_ref = next(ref for _, ref in out if ref is not None)
         for rep in lead.reports:
             self.events.cache_report(rep)
+        if self._kv_export is not None:  # before prefill_done: the decode request must find the files
+            await asyncio.to_thread(self._kv_export.export, ids, await kv_ref)
         self._handoffs[req.request_id] = Handoff(req.request_id, ids, KVHandle(kv_ref, logits.cpu()))
         self.events.prefill_done(PrefillResult(req.request_id, wid, lead.cached_tokens, started, self.clock()))
         self._handoffs.pop(req.request_id, None)  # still here: the pool did not accept this completion
