@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 ARCH := $(shell uname -m)
 
-.PHONY: setup run test lint typecheck pytest demo simulate results evaluate bench clean
+.PHONY: setup run test lint typecheck pytest demo simulate results cache-ablation evaluate bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -59,6 +59,10 @@ results: setup
 # Out-of-sample test set (issue 16): Vertumnus against every fixed composition; JOBS=N runs N simulations at once.
 evaluate: setup
 	$(BIN)/vertumnus evaluate --set configs/eval/test.yaml --config configs/sim-40gpu.yaml --jobs $(or $(JOBS),1) --out runs/evaluate
+
+# Cache-manager ablation on the hot-prefix test set only (issue 17): rewrites its section of docs/results.md.
+cache-ablation: setup
+	$(BIN)/python -m vertumnus.sim.report --out docs/results.md --only cache-ablation --jobs $(or $(JOBS),1)
 
 bench: setup
 	$(BIN)/vertumnus bench control-plane

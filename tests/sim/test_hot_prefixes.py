@@ -148,3 +148,42 @@ def test_queue_aware_fetches_in_the_simulator_and_loses_nothing() -> None:
     for s in runs.values():
         assert s["completed"] == s["requests"] == len(gen.requests)
         assert s["rejected"] == s["failed"] == s["unfinished"] == 0
+
+
+def test_cache_ablation_runs_every_policy_and_mode_and_renders_its_section(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from vertumnus.config import REPO_ROOT
+    from vertumnus.sim.cache_eval import evaluate_cache, verdicts
+    from vertumnus.sim.cache_report import render
+
+    trace = REPO_ROOT.parent / "shared" / "traces" / "conversation_first15min.jsonl"
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(
+        f"name: tiny\ntraces: {{conversation: {trace}}}\nrequests: [0.0, 0.5]\ncomposition: 6xCP4+2xCP8\n"
+        "loads: [0.5]\nmemory: {weights_gb: 61.0, gpus: {H100-80GB: 80}}\n"
+        "workloads:\n  - {name: w, seed: 9, traces: [conversation], long_share: 0.1, duration_s: 8,\n"
+        "     hot_prefixes: {count: 2, min_tokens: 2048, max_tokens: 4096, share: 0.8}}\n"
+    )
+    res = evaluate_cache(str(spec), "configs/sim-40gpu.yaml")
+    assert len(res.runs) == 6  # 1 workload × 1 load × 1 KV size × 2 modes × 3 policies
+    assert res.capacities == {"H100-80GB": 218}
+    es = load_cache_set(str(spec))
+    vs = verdicts(res, es.loads, ["w"])
+    assert [(v.mode, v.policy) for v in vs] == [
+        ("fixed", "rules"), ("fixed", "queue_aware"), ("controller", "rules"), ("controller", "queue_aware")
+    ]  # fmt: skip
+    assert all(v.lost == 0 for v in vs)
+    text = render(res, es, None, 1.0, "test")
+    assert text.startswith("<!-- section:cache-ablation -->") and text.rstrip().endswith(
+        "<!-- /section:cache-ablation -->"
+    )
+    assert "`rules`" in text and "`queue_aware`" in text and "H100-80GB (218 blocks)" in text
+
+
+def test_bad_cache_set_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntraces: {c: a.jsonl}\nrequests: [0.5, 0.2]\ncomposition: 6xCP4+2xCP8\nloads: [1]\n"
+                   "memory: {weights_gb: 61, gpus: {A: 80}}\nworkloads: []\ncolour: red\n")  # fmt: skip
+    with pytest.raises(ValueError) as e:
+        load_cache_set(str(bad))
+    msg = str(e.value)
+    assert "colour: unknown key" in msg and "workloads" in msg
