@@ -141,3 +141,33 @@ def test_one_operation_per_decision_when_concurrency_is_one() -> None:
     res = run(c, requests(c, times, 4096), "2xCP8")
     assert [(r.kind, r.sources) for r in res.reconfigs] == [("split", (0,)), ("split", (1,))]
     assert began(res.reconfigs[1]) == pytest.approx(2.0)  # the next check, not the same decision
+
+
+# -- decisions computed off the pool (the server's thread; the simulator models the delay) --------------------
+def test_a_deferred_decision_acts_when_it_lands() -> None:
+    # The overload scenario above with the replay off the pool: the 1-s check's snapshot is acted on 0.4 s later.
+    c = cfg(1, check_interval_s=1.0)
+    times = [k / 12 for k in range(12 * 20)]
+    sim = Simulation(requests(c, times, 4096), c, COST, "vertumnus", "1xCP8", decision_delay_s=0.4)
+    res = sim.run()
+    assert [(r.kind, r.sources, r.targets) for r in res.reconfigs] == [("split", (0,), (1, 2))]
+    assert began(res.reconfigs[0]) == pytest.approx(1.4)
+    assert res.summary["completed"] == len(times)
+    assert sim.pool.controller.stale_decisions == 0
+
+
+def test_a_decision_that_lands_after_the_pool_changed_is_dropped() -> None:
+    # While the 1-s check's decision is being computed (it lands at 1.4 s), an operator splits worker 0 at
+    # 1.2 s: the decision was taken on 1xCP8 and is dropped as stale; the pool keeps the operator's split.
+    from vertumnus.sim.events import EventKind
+    from vertumnus.types import ReconfigKind
+
+    c = cfg(1, check_interval_s=1.0)
+    times = [k / 12 for k in range(12 * 20)]
+    sim = Simulation(requests(c, times, 4096), c, COST, "vertumnus", "1xCP8", decision_delay_s=0.4)
+    sim.loop.push(1.2, EventKind.TIMER, lambda: sim.pool.reconfigure(ReconfigKind.SPLIT, 0))
+    res = sim.run()
+    assert sim.pool.controller.stale_decisions == 1
+    assert [(r.kind, r.sources, r.targets) for r in res.reconfigs] == [("split", (0,), (1, 2))]
+    assert began(res.reconfigs[0]) == pytest.approx(1.2)
+    assert res.summary["completed"] == len(times) and res.summary["rejected"] == 0

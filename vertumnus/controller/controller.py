@@ -26,7 +26,8 @@ from vertumnus.config import VertumnusConfig
 from vertumnus.controller.epochs import EpochManager
 from vertumnus.controller.initial import History
 from vertumnus.controller.lattice import Lattice, LatticeOp
-from vertumnus.controller.predictive import ArrivalLog, Decision, PredictiveModel, worker_states
+from vertumnus.controller.predictive import ArrivalLog, Decision, PredictiveModel, WorkerNow, worker_states
+from vertumnus.controller.replay import ReplayArrivals
 from vertumnus.controller.rules import Direction, WindowAccount, WindowReport
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.types import ReconfigKind, ReconfigPlan, WorkerState
@@ -41,6 +42,19 @@ class Candidate:
     op: LatticeOp
     drain_s: float
     traffic: float | None = None
+
+
+@dataclass(slots=True)
+class PendingDecision:
+    """A predictive decision's inputs, snapshotted on the pool's thread: plain data only."""
+
+    report: WindowReport | None  # None: a between-windows split check
+    now: float
+    workers: list[WorkerNow]
+    arrivals: ReplayArrivals
+    ops: dict[ReconfigKind, list[LatticeOp]]
+    burst: ReplayArrivals | None
+    shape: tuple[tuple[int, int], ...]
 
 
 class Controller:
@@ -86,6 +100,11 @@ class Controller:
             cc.split_margin, cc.merge_margin, cc.merge_stress,
         )  # fmt: skip
         self.last_decision: Decision | None = None
+        # Predictive decisions off the pool's thread (the server sets this): see _predictive.
+        self.defer_decisions = False
+        self.pending: PendingDecision | None = None
+        self._deciding: PendingDecision | None = None
+        self.stale_decisions = 0
 
     def start(self, now: float) -> None:
         """Open the first window at ``now``."""
@@ -159,7 +178,36 @@ class Controller:
         return report
 
     def _predictive(self, report: WindowReport | None, now: float) -> None:
-        """The predictive policy's window end, or (``report`` None) a between-windows split check."""
+        """The predictive policy's window end, or (``report`` None) a between-windows split check. With
+        ``defer_decisions`` the replay is left to the caller (:meth:`take_pending` → :meth:`decide` on any
+        thread → :meth:`finish` on the pool's thread); otherwise it runs here."""
+        if self.pending is not None or self._deciding is not None:
+            if report is not None:
+                report.reason = "previous decision still being computed"
+            return
+        job = self._prepare(report, now)
+        if self.defer_decisions:
+            self.pending = job
+            return
+        self.finish(job, self.decide(job), now)
+
+    def take_pending(self) -> PendingDecision | None:
+        """The prepared decision waiting to be computed (None if none); it is then *in flight* until
+        :meth:`finish` — no other predictive decision is prepared meanwhile."""
+        job, self.pending = self.pending, None
+        self._deciding = job
+        return job
+
+    def abandon(self, job: PendingDecision) -> None:
+        """Forget an in-flight decision that could not be computed (the next window end prepares a new one)."""
+        if self._deciding is job:
+            self._deciding = None
+
+    def decide(self, job: PendingDecision) -> Decision:
+        """The replay: pure in the prepared snapshot (reads no pool state), so it may run off the pool's thread."""
+        return self.model.decide(job.workers, job.arrivals, job.ops, job.burst, splits_only=job.report is None)
+
+    def _prepare(self, report: WindowReport | None, now: float) -> PendingDecision:
         sched = self.epochs.scheduler
         ops = {
             kind: [
@@ -175,7 +223,21 @@ class Controller:
         picked = self.log.forecast(now, self.lookback_s, self.min_forecast)
         burst = self.model.arrivals(self.log.burst(now, self.burst_s, self.lookback_s))
         workers = worker_states(sched, self.lattice, now)
-        decision = self.model.decide(workers, self.model.arrivals(picked), ops, burst, splits_only=report is None)
+        return PendingDecision(report, now, workers, self.model.arrivals(picked), ops, burst, self._shape())
+
+    def _shape(self) -> tuple[tuple[int, int], ...]:
+        """The composition's identity (worker id, degree): a decision computed on another one is stale."""
+        return tuple(sorted((wid, g.degree) for wid, g in self.lattice.groups.items()))
+
+    def finish(self, job: PendingDecision, decision: Decision, now: float) -> None:
+        """Act on a computed decision — unless the pool changed meanwhile (an operation began, the composition
+        moved): then it is dropped as stale (``stale_decisions``)."""
+        if self._deciding is job:
+            self._deciding = None
+        if self.epochs.current is not None or job.shape != self._shape():
+            self.stale_decisions += 1
+            return
+        report = job.report
         direction = {None: Direction.NONE, ReconfigKind.SPLIT: Direction.SPLIT, ReconfigKind.MERGE: Direction.MERGE}[
             decision.want
         ]
@@ -201,7 +263,7 @@ class Controller:
                 again = self.lattice.split_of(src) if op.kind == ReconfigKind.SPLIT else self.lattice.merge_of(src)
                 assert again is not None
                 op = again
-            drain = max(sched.queue_s(s.worker_id, now) for s in op.sources)
+            drain = max(self.epochs.scheduler.queue_s(s.worker_id, now) for s in op.sources)
             self.epochs.begin(self.epochs.next_plan(op, drain), now)
 
     def candidates(

@@ -31,6 +31,7 @@ from typing import Any
 
 from vertumnus.cache.block_keys import keys_from_tokens
 from vertumnus.config import VertumnusConfig
+from vertumnus.controller.controller import PendingDecision
 from vertumnus.interfaces import DataPlane, EngineStatsSource
 from vertumnus.pool import GAVE_UP_ERROR, PoolSnapshot, PrefillPool, RequestRejected
 from vertumnus.profiling.cost_model import CostModel
@@ -89,6 +90,10 @@ class ServingRuntime:
         # decided once: a Protocol isinstance check costs ~0.5 ms, far too much per request
         self._handoff_source = data_plane if isinstance(data_plane, HandoffSource) else None
         self.pool = PrefillPool(cfg, cost, self.data_plane, clock)
+        # The predictive replay (~20 ms at 64 workers) runs in a thread, not on the event loop that serves
+        # requests: the timer hands it over (_timer_loop) and applies its result back on the loop.
+        self.pool.controller.defer_decisions = True
+        self._decision: asyncio.Task[None] | None = None
         self.pool.add_listener(self)
         self.metrics = ServingMetrics(self.worker_rows, cfg.pool.degrees)
         # the engine's own counters (vLLM: KV-event feeds, logical reclamations, restarts) join /metrics
@@ -135,6 +140,9 @@ class ServingRuntime:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._decision is not None:
+            self._decision.cancel()
+            self._decision = None
         await self.decode.close()
         self.data_plane.close()
 
@@ -148,7 +156,23 @@ class ServingRuntime:
                 self.pool.on_timer(self.clock())
             except Exception:  # a policy bug must not stop the server; it is logged and retried next tick
                 log.exception("pool timer failed")
+            job = self.pool.controller.take_pending() if self.pool.controller.pending is not None else None
+            if job is not None:
+                self._decision = asyncio.create_task(self._decide(job), name="vertumnus-predictive-decision")
             self._check_unavailable()
+
+    async def _decide(self, job: PendingDecision) -> None:
+        """One predictive decision: the replay in a worker thread (it reads only the snapshot in ``job``), then
+        acted on here, on the loop, where every pool call runs. The GIL still interleaves the thread with the
+        loop (switch interval 5 ms), so a request waits at most a few ms behind a decision, not its whole
+        duration."""
+        ctl = self.pool.controller
+        try:
+            decision = await asyncio.to_thread(ctl.decide, job)
+            ctl.finish(job, decision, self.clock())
+        except Exception:  # logged; the controller takes the next decision at the next window end
+            log.exception("predictive decision failed")
+            ctl.abandon(job)
 
     # -- availability ---------------------------------------------------------------------------------------
     def unavailable(self) -> str | None:

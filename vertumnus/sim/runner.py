@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 
 from vertumnus.config import VertumnusConfig, format_composition
+from vertumnus.controller.controller import PendingDecision
 from vertumnus.controller.initial import History, summarize_history
+from vertumnus.controller.predictive import Decision
 from vertumnus.engines.sim import SimDataPlane, SimStats
 from vertumnus.pool import PrefillPool
 from vertumnus.profiling.cost_model import CostModel
@@ -68,7 +70,10 @@ class Simulation:
         policy: str = "vertumnus",
         composition: str | None = None,
         drain_limit_s: float = 3600.0,
+        decision_delay_s: float | None = None,
     ) -> None:
+        """``decision_delay_s``: the predictive controller's decisions are computed off the pool (as in the
+        server) and acted on this many virtual seconds after their snapshot; None: at once, inline."""
         self.requests = sorted(requests, key=lambda r: r.arrival_s)  # stable: equal times keep input order
         self.policy = policy
         self.cfg, router = configure(policy, cfg, composition)
@@ -82,6 +87,11 @@ class Simulation:
         self.collector = Collector(self.cfg.slo.t_ext_s, self.loop.clock)
         self.collector.expect(self.requests)
         self.pool.add_listener(self.collector)
+        self.decision_delay_s = decision_delay_s
+        if decision_delay_s is not None:
+            if decision_delay_s < 0:
+                raise ValueError(f"decision_delay_s must be ≥ 0, got {decision_delay_s}")
+            self.pool.controller.defer_decisions = True
         if isinstance(router, SGLangCacheAwarePolicy):
             self.pool.add_listener(router)  # its in-flight request counters follow completions
         last = self.requests[-1].arrival_s if self.requests else 0.0
@@ -123,7 +133,16 @@ class Simulation:
         if self.loop.now >= self._timer_at:
             self._timer_at = math.inf
         self.pool.on_timer(self.loop.now)
+        ctl = self.pool.controller
+        if ctl.pending is not None and self.decision_delay_s is not None:
+            job = ctl.take_pending()
+            assert job is not None
+            decision = ctl.decide(job)  # from the snapshot: the same result a thread would compute
+            self.loop.push(self.loop.now + self.decision_delay_s, EventKind.ENGINE, self._decided, job, decision)
         self._idle_tick()
+
+    def _decided(self, job: PendingDecision, decision: Decision) -> None:
+        self.pool.controller.finish(job, decision, self.loop.now)
 
     def _arm_timer(self) -> None:
         nt = self.pool.next_timer()
