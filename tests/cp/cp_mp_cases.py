@@ -6,6 +6,7 @@ and 1 (the two C = 2 groups and the four C = 1 ranks each run the same case) and
 
 from __future__ import annotations
 
+import queue
 from datetime import timedelta
 from typing import Any
 
@@ -44,17 +45,43 @@ def _layouts(c: int, nblocks: int) -> dict[str, BlockIndex]:
     return out
 
 
-def run_rank(rank: int, port: int, out_q: Any, done: Any) -> None:
+def gloo_comms(rank: int, port: int) -> dict[int, Comm]:
+    """Join the 4-rank gloo world at ``port``; this rank's comm for C = 4 ({0..3}), 2 ({0,1} / {2,3}), 1."""
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=4, timeout=timedelta(seconds=120))
     g4 = dist.new_group([0, 1, 2, 3])
     g01, g23 = dist.new_group([0, 1]), dist.new_group([2, 3])
-    comms: dict[int, Comm] = {
-        4: DistComm(g4, rank, 4),
-        2: DistComm(g01 if rank < 2 else g23, rank % 2, 2),
-        1: LocalComm(),
-    }
+    return {4: DistComm(g4, rank, 4), 2: DistComm(g01 if rank < 2 else g23, rank % 2, 2), 1: LocalComm()}
+
+
+def collect(procs: list[Any], out_q: Any, done: Any, timeout_s: float = 240) -> dict[tuple[str, Any], torch.Tensor]:
+    """Start the rank processes and gather their ``(kind, key, tensor)`` messages until all four sent
+    ``finished``; the ranks are released (``done``) and joined whatever happens."""
+    for p in procs:
+        p.start()
+    got: dict[tuple[str, Any], torch.Tensor] = {}
+    finished = 0
+    try:
+        while finished < len(procs):
+            kind, key, val = out_q.get(timeout=timeout_s)
+            if kind == "finished":
+                finished += 1
+            else:
+                got[(kind, key)] = val.clone()
+    except queue.Empty:
+        raise AssertionError(f"ranks stalled; exit codes {[p.exitcode for p in procs]}") from None
+    finally:
+        done.set()
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    return got
+
+
+def run_rank(rank: int, port: int, out_q: Any, done: Any) -> None:
+    comms = gloo_comms(rank, port)
     model = ReferenceModel.from_config(MODEL)
     for impl in ("flash_lse", "mask"):
         attend = chunk_attention(impl, "cpu")

@@ -7,15 +7,14 @@ ranks' own blocks, then sends what it computed back.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from cp_mp_cases import gloo_comms
 
 from vertumnus.cp.attention import chunk_attention
 from vertumnus.cp.block_index import BlockIndex
-from vertumnus.cp.comm import Comm, DistComm, LocalComm
 from vertumnus.cp.cp_forward import cp_prefill, gather_prefix
 from vertumnus.cp.model import ReferenceModel
 from vertumnus.cp.weights import load_hf_weights
@@ -32,16 +31,7 @@ def case_tokens(i: int) -> torch.Tensor:
 
 
 def run_rank(rank: int, port: int, paths: list[str], out_q: Any, done: Any) -> None:
-    torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=4, timeout=timedelta(seconds=120))
-    g4 = dist.new_group([0, 1, 2, 3])
-    g01, g23 = dist.new_group([0, 1]), dist.new_group([2, 3])
-    comms: dict[int, Comm] = {
-        4: DistComm(g4, rank, 4),
-        2: DistComm(g01 if rank < 2 else g23, rank % 2, 2),
-        1: LocalComm(),
-    }
+    comms = gloo_comms(rank, port)
     attend = chunk_attention("flash_lse", "cpu")
     for m, path in enumerate(paths):
         model = ReferenceModel(load_hf_weights(path))

@@ -4,12 +4,9 @@ reference for C ∈ {1, 2, 4}, uncached lengths that are not multiples of 2C, an
 
 from __future__ import annotations
 
-import queue
-
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
-from cp_mp_cases import BLOCK, CASES, MODEL, case_tokens, run_rank
+from cp_mp_cases import BLOCK, CASES, MODEL, case_tokens, collect, run_rank
 
 from vertumnus.cp.model import ReferenceModel
 from vertumnus.engines.torch.launcher import FORKSERVER_PRELOAD
@@ -23,25 +20,7 @@ def test_cp_prefill_matches_reference_on_4_ranks() -> None:
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     out_q, done = ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=run_rank, args=(r, store.port, out_q, done), daemon=True) for r in range(4)]
-    for p in procs:
-        p.start()
-    got: dict[tuple[str, tuple], torch.Tensor] = {}
-    finished = 0
-    try:
-        while finished < 4:
-            kind, key, val = out_q.get(timeout=240)
-            if kind == "finished":
-                finished += 1
-            else:
-                got[(kind, key)] = val.clone()
-    except queue.Empty:
-        raise AssertionError(f"ranks stalled; exit codes {[p.exitcode for p in procs]}") from None
-    finally:
-        done.set()
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+    got = collect(procs, out_q, done)
     model = ReferenceModel.from_config(MODEL)
     checked = 0
     for i, (_total, pblocks) in enumerate(CASES):

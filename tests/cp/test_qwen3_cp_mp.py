@@ -4,13 +4,12 @@ prefix gathered from the ranks' blocks (each rank routes its own tokens through 
 
 from __future__ import annotations
 
-import queue
 from pathlib import Path
 
 import pytest
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
+from cp_mp_cases import collect
 from cp_qwen3_mp_cases import BLOCK, CASES, case_tokens, run_rank
 from qwen3_ckpt import hf_qwen3, hf_qwen3_moe, save
 
@@ -29,25 +28,7 @@ def test_qwen3_and_moe_cp_prefill_match_reference_on_4_ranks(tmp_path: Path) -> 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     out_q, done = ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=run_rank, args=(r, store.port, paths, out_q, done), daemon=True) for r in range(4)]
-    for p in procs:
-        p.start()
-    got: dict[tuple[str, tuple], torch.Tensor] = {}
-    finished = 0
-    try:
-        while finished < 4:
-            kind, key, val = out_q.get(timeout=240)
-            if kind == "finished":
-                finished += 1
-            else:
-                got[(kind, key)] = val.clone()
-    except queue.Empty:
-        raise AssertionError(f"ranks stalled; exit codes {[p.exitcode for p in procs]}") from None
-    finally:
-        done.set()
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
+    got = collect(procs, out_q, done)
     checked = 0
     for m, path in enumerate(paths):
         model = ReferenceModel(load_hf_weights(path))

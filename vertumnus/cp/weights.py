@@ -69,6 +69,15 @@ class ModelDims:
         """Whether ``layer``'s MLP is the MoE block."""
         return layer in self.sparse_layers
 
+    def describe(self) -> dict[str, object]:
+        """The shape as benchmark reports print it (JSON-ready)."""
+        return {
+            "type": self.model_type, "layers": self.num_layers, "hidden": self.hidden_size, "heads": self.num_heads,
+            "kv_heads": self.num_kv_heads, "head_dim": self.head_dim, "intermediate": self.intermediate_size,
+            "experts": self.num_experts, "top_k": self.top_k, "expert_intermediate": self.moe_intermediate_size,
+            "dtype": self.dtype,
+        }  # fmt: skip
+
     @property
     def torch_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]

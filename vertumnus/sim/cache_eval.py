@@ -21,11 +21,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vertumnus.config import VertumnusConfig
 from vertumnus.profiling.cost_model import CostModel
+from vertumnus.sim.eval_set import load_set
 from vertumnus.sim.inputs import load_cost, load_sim_config, resolve
 from vertumnus.sim.kv_capacity import kv_blocks_per_gpu
 from vertumnus.sim.policies import normalise_composition
@@ -99,23 +99,7 @@ class CacheEvalSet(_Strict):
 
 def load_cache_set(path: str | Path) -> CacheEvalSet:
     """Read and validate a cache ablation set (ValueError with the reason)."""
-    p = resolve(str(path))
-    if not p.is_file():
-        raise ValueError(f"cache evaluation set not found: {path}")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ValueError(f"cache evaluation set {p} is not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"cache evaluation set {p}: expected a mapping")
-    try:
-        return CacheEvalSet.model_validate({**data, "source": str(path)})
-    except ValidationError as e:
-        lines = [f"invalid cache evaluation set {p}:"]
-        for err in e.errors():
-            key = ".".join(str(x) for x in err["loc"]) or "<root>"
-            lines.append(f"  {key}: {'unknown key' if err['type'] == 'extra_forbidden' else err['msg']}")
-        raise ValueError("\n".join(lines)) from None
+    return load_set(path, CacheEvalSet, "cache evaluation set")
 
 
 # -- runs ----------------------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ workload). Trace paths are relative to the repository root unless absolute or pr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -28,6 +28,8 @@ from vertumnus.config import VertumnusConfig
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.sim.inputs import resolve
 from vertumnus.sim.protocol import Generated, HotPrefixes, LoadPhase, build_phases, generate, load_pool
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class WorkloadSpec(BaseModel):
@@ -104,23 +106,29 @@ class EvalSet(BaseModel):
         return generate(w.name, w.phases(), pool, w.seed, cfg, w.hot_prefixes, cost)
 
 
-def load_eval_set(path: str | Path) -> EvalSet:
-    """Read and validate an evaluation set YAML (ValueError with the reason)."""
+def load_set(path: str | Path, model: type[_M], what: str) -> _M:
+    """Read a YAML set and validate it as ``model`` (ValueError naming each bad key); ``what`` names the kind
+    of set in messages. The model gets ``source`` = ``path``."""
     p = resolve(str(path))
     if not p.is_file():
-        raise ValueError(f"evaluation set not found: {path}")
+        raise ValueError(f"{what} not found: {path}")
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
-        raise ValueError(f"evaluation set {p} is not valid YAML: {e}") from None
+        raise ValueError(f"{what} {p} is not valid YAML: {e}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"evaluation set {p}: expected a mapping")
+        raise ValueError(f"{what} {p}: expected a mapping")
     try:
-        return EvalSet.model_validate({**data, "source": str(path)})
+        return model.model_validate({**data, "source": str(path)})
     except ValidationError as e:
-        lines = [f"invalid evaluation set {p}:"]
+        lines = [f"invalid {what} {p}:"]
         for err in e.errors():
             key = ".".join(str(x) for x in err["loc"]) or "<root>"
             msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
             lines.append(f"  {key}: {msg}")
         raise ValueError("\n".join(lines)) from None
+
+
+def load_eval_set(path: str | Path) -> EvalSet:
+    """Read and validate an evaluation set YAML (ValueError with the reason)."""
+    return load_set(path, EvalSet, "evaluation set")
