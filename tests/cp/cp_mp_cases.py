@@ -80,6 +80,21 @@ def collect(procs: list[Any], out_q: Any, done: Any, timeout_s: float = 240) -> 
     return got
 
 
+def send(out_q: Any, key: Any, out: Any, comm: Comm) -> None:
+    """One case's results: last-token logits (the rank that has them) and the new KV (the group's rank 0)."""
+    if out.logits is not None:
+        out_q.put(("logits", key, out.logits))
+    if comm.rank == 0:
+        out_q.put(("kv", key, out.new_kv))
+
+
+def finish(out_q: Any, rank: int, done: Any) -> None:
+    """Say this rank is done, wait for the test to release the world, leave it."""
+    out_q.put(("finished", rank, None))
+    done.wait(120)
+    dist.destroy_process_group()
+
+
 def run_rank(rank: int, port: int, out_q: Any, done: Any) -> None:
     comms = gloo_comms(rank, port)
     model = ReferenceModel.from_config(MODEL)
@@ -100,11 +115,5 @@ def run_rank(rank: int, port: int, out_q: Any, done: Any) -> None:
                     like = torch.empty(2, 2, 2, BLOCK, 16)
                     prefix = gather_prefix(comm, index, blocks, keys, like)
                     out = cp_prefill(model, comm, ids[p:], prefix, attend)
-                    key = (impl, i, c, layout, rank // c)
-                    if out.logits is not None:
-                        out_q.put(("logits", key, out.logits))
-                    if comm.rank == 0:
-                        out_q.put(("kv", key, out.new_kv))
-    out_q.put(("finished", rank, None))
-    done.wait(120)
-    dist.destroy_process_group()
+                    send(out_q, (impl, i, c, layout, rank // c), out, comm)
+    finish(out_q, rank, done)

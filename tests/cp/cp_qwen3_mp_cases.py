@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from cp_mp_cases import gloo_comms
+from cp_mp_cases import finish, gloo_comms, send
 
 from vertumnus.cp.attention import chunk_attention
 from vertumnus.cp.block_index import BlockIndex
@@ -52,11 +51,5 @@ def run_rank(rank: int, port: int, paths: list[str], out_q: Any, done: Any) -> N
                 }
                 prefix = gather_prefix(comm, index, blocks, keys, like)
                 out = cp_prefill(model, comm, ids[p:], prefix, attend)
-                key = (m, i, c, rank // c)
-                if out.logits is not None:
-                    out_q.put(("logits", key, out.logits))
-                if comm.rank == 0:
-                    out_q.put(("kv", key, out.new_kv))
-    out_q.put(("finished", rank, None))
-    done.wait(120)
-    dist.destroy_process_group()
+                send(out_q, (m, i, c, rank // c), out, comm)
+    finish(out_q, rank, done)
