@@ -161,7 +161,7 @@ class PrefillPool:
         reuse = match.held_blocks.get(wid, 0)
         if op is None and fetch is not None and placement.cached_tokens > reuse * self.cfg.cache.block_tokens:
             # Priced with the fetched prefix: copy it in before the prefill (queue_aware; DESIGN.md §3).
-            op = self.cache.plan_fetch(keys, wid, match, fetch[0], self.scheduler.queue_map(now))
+            op = self.cache.plan_fetch(keys, wid, match, fetch[0], lambda w: self.scheduler.queue_s(w, now))
         if op is not None:
             self._ops[op.op_id] = op
             self._job_op[request.request_id] = op.op_id

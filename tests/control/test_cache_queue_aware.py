@@ -186,7 +186,7 @@ def test_plan_fetch_copies_from_a_same_node_holder_and_confirms_like_a_replica()
     _reuse(m, 1, 2)
     match = m.match(HOT)
     assert m.fetchable(match) == (6, BYTES / 10e9, 1.0)  # priced over the slower (10 GB/s) link
-    op = m.plan_fetch(HOT, 2, match, 6, {1: 0.5, 3: 0.0})
+    op = m.plan_fetch(HOT, 2, match, 6, {1: 0.5, 3: 0.0}.__getitem__)
     # Worker 2 is on node 0: the holder on its node (1) beats the idle one on node 1 (3).
     assert _brief(op) == ("REPLICATE", 1, 2, HOT, 0, False, False)
     assert op is not None

@@ -72,7 +72,7 @@ def plan(
     only once the cheap conditions hold); ``waiting(w)``: prefills queued and not started at worker w."""
     w = workers.by_id.get(chosen)
     h = min(held.get(chosen, 0), int(path.size))
-    if w is None or h < cfg.hot_min_blocks or queue_before_s <= cfg.copy_gain_s:
+    if w is None:
         return None
     # The hot part of the reused prefix: its leading blocks reused often enough (a session's own later turns
     # below a shared system prompt are reused once, by the next turn; copying them pays nothing).

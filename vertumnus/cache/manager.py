@@ -169,7 +169,7 @@ class CacheManager:
         return v, c.bytes_per_block / (min(c.intra_node_gbps, c.inter_node_gbps) * 1e9), c.fetch_max_queue_s
 
     def plan_fetch(
-        self, keys: Sequence[int], worker_id: int, match: PrefixMatch, blocks: int, queues: Mapping[int, float]
+        self, keys: Sequence[int], worker_id: int, match: PrefixMatch, blocks: int, queue_of: Callable[[int], float]
     ) -> CacheOp | None:
         """The copy of ``keys[:blocks]`` a request placed at ``worker_id`` runs before its prefill (attached to
         the job like a reconcile; confirmed by STORED with its op id), from an available valid holder: same node
@@ -184,7 +184,7 @@ class CacheManager:
         ]  # fmt: skip
         if have >= blocks or not srcs:
             return None
-        src = min(srcs, key=lambda s: (s.node != w.node, s.degree != w.degree, queues.get(s.worker_id, 0.0),
+        src = min(srcs, key=lambda s: (s.node != w.node, s.degree != w.degree, queue_of(s.worker_id),
                                        s.worker_id))  # fmt: skip
         path = self._path(keys, blocks)
         op = CacheOp(
@@ -217,7 +217,7 @@ class CacheManager:
             return None
         h = match.held_blocks.get(worker_id, 0)
         if h < self.cfg.hot_min_blocks or queue_before_s <= self.cfg.copy_gain_s:
-            return None
+            return None  # the cheap part of hot_copy's conditions, before any path work
         path = self._path(keys, h)
         op = hot_copy.plan(self.cfg, self.trie, self.workers, self.book, path, match.held_blocks, worker_id,
                            queue_before_s, predicted_s, queues, waiting)  # fmt: skip
