@@ -184,9 +184,11 @@ class CacheConfig(_Section):
     block_tokens: int = Field(512, ge=1, description="Tokens per trie node (cache block).")
     replication: bool = Field(True, description="Enable replication and reclamation by the cache manager.")
     policy: Literal["rules", "queue_aware"] = Field(
-        "rules",
-        description="rules: the paper's access-threshold scan; queue_aware: copy a hot prefix off a queued holder "
-        "at placement, reclaim only under pressure (vertumnus/cache/hot_copy.py).",
+        "queue_aware",
+        description="rules: the paper's access-threshold scan; queue_aware (the default: it wins the cache "
+        "ablation's test set, docs/results.md): copy a hot prefix off a queued holder at placement, reclaim only "
+        "under pressure (vertumnus/cache/hot_copy.py). Left unset with pool.engine: vllm and "
+        "vllm.replication: recompute, it resolves to rules.",
     )
     scan_interval_s: float = Field(5.0, gt=0, description="Seconds between cache-manager scans.")
     theta_inter: float = Field(0.5, ge=0, description="missed[z,C] (seconds of benefit) above this → inter copy.")
@@ -409,12 +411,18 @@ class VertumnusConfig(_Section):
             return self
         if self.cache.replication and self.cache.policy == "queue_aware" and self.vllm.replication == "recompute":
             # queue_aware prices a prefix copied in before a prefill at link speed; a recomputing "copy" would
-            # cost a prefill of the prefix on the request's path instead.
-            raise _KeyedError(
-                "cache.policy",
-                "queue_aware copies prefixes over the link; with vllm.replication: recompute a copy is a prefill "
-                "of the prefix — set vllm.replication: transfer (a KV connector) or cache.policy: rules",
-            )
+            # cost a prefill of the prefix on the request's path instead. Asked for by name, that is an error;
+            # merely defaulted (vllm.replication defaults to recompute, so this is every vLLM config that never
+            # mentions cache.policy), it resolves to the one policy that engine setting supports. The resolved
+            # value is a real field value: `vertumnus config show` and dump_config print it.
+            if "policy" in self.cache.model_fields_set:
+                raise _KeyedError(
+                    "cache.policy",
+                    "queue_aware copies prefixes over the link; with vllm.replication: recompute a copy is a "
+                    "prefill of the prefix — set vllm.replication: transfer (a KV connector) or cache.policy: rules",
+                )
+            # A copy, not an in-place assignment: a CacheConfig passed in by the caller is not mutated.
+            self.cache = self.cache.model_copy(update={"policy": "rules"})
         bt, bs = self.cache.block_tokens, self.vllm.block_size
         if bt % bs:
             raise _KeyedError("vllm.block_size", f"{bs} tokens does not divide cache.block_tokens={bt}")

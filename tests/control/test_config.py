@@ -93,6 +93,20 @@ def test_engine_block_size_binds_only_the_vllm_engine(tmp_path: Path) -> None:
     assert load_config(_write(tmp_path, "pool: {degrees: [8]}")).pool.degrees == [8]  # one degree: no moves
 
 
+def test_cache_policy_default_resolves_for_vllm_recompute(tmp_path: Path) -> None:
+    # queue_aware is the default, but a vLLM pool that recomputes its copies cannot back it: a config that never
+    # names cache.policy loads with rules there (explicit queue_aware is rejected above), and shows it.
+    assert load_config(None).cache.policy == "queue_aware"
+    cfg = load_config(_write(tmp_path, "pool: {engine: vllm}\ncache: {block_tokens: 512}"))
+    assert (cfg.vllm.replication, cfg.cache.policy) == ("recompute", "rules")
+    assert "  policy: rules\n" in dump_config(cfg)
+    assert load_config(_write(tmp_path, dump_config(cfg))) == cfg
+    cfg = load_config(_write(tmp_path, "pool: {engine: vllm}\nvllm: {replication: transfer}"))
+    assert cfg.cache.policy == "queue_aware"
+    cfg = load_config(_write(tmp_path, "pool: {engine: vllm}\ncache: {replication: false}"))
+    assert cfg.cache.policy == "queue_aware"  # no copies at all: nothing to resolve
+
+
 def test_composition_parsing() -> None:
     assert parse_composition("4xCP4+3xCP8") == {4: 4, 8: 3}
     assert parse_composition(" 2 x CP4 + 1xCP4 ") == {4: 3}
