@@ -12,6 +12,7 @@ from vertumnus.sim.plots import PlotRun, hit_rate_timeline, rate_lines, ttft_cdf
 from vertumnus.sim.policies import BASELINES, LOWER_BOUND
 
 if TYPE_CHECKING:
+    from vertumnus.config import CacheConfig
     from vertumnus.sim.report import RateExperiment, Report
     from vertumnus.sim.runner import RunResult
 
@@ -44,11 +45,22 @@ def _setup(rep: Report) -> str:
         ("scheduler", f"β = {c.scheduler.beta:g}, λ = {c.scheduler.lam:g}"),
         ("controller", f"window {cc.window_s:g} s, θ_up {cc.theta_up:g}, θ_low {cc.theta_low:g}, "
                        f"Δ_long {cc.delta_long:g}, persist {cc.persist_windows}, switch {cc.switch_s:g} s"),
-        ("cache manager", f"scan {ca.scan_interval_s:g} s, θ_inter {ca.theta_inter:g}, θ_intra {ca.theta_intra:g}, "
-                          f"θ_reclaim {ca.theta_reclaim:g}, decay {ca.decay:g}, ≤ {ca.max_ops_per_scan} ops/list/scan"),
+        ("cache manager", _cache_setting(ca)),
     ]  # fmt: skip
     lines = ["| setting | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     return "\n".join(lines) + "\n"
+
+
+def _cache_setting(ca: CacheConfig) -> str:
+    """The cache manager's row of the setup table: its policy and the parameters that policy reads."""
+    scan = f"scan {ca.scan_interval_s:g} s, decay {ca.decay:g}, ≤ {ca.max_ops_per_scan} ops/list/scan"
+    if ca.policy == "rules":
+        return (f"`cache.policy: rules`: {scan}, θ_inter {ca.theta_inter:g}, θ_intra {ca.theta_intra:g}, "
+                f"θ_reclaim {ca.theta_reclaim:g}")  # fmt: skip
+    return (f"`cache.policy: queue_aware`: fetch before the prefill at queues ≤ {ca.fetch_max_queue_s:g} s; push "
+            f"copies of prefixes ≥ {ca.hot_min_blocks} blocks with access ≥ {ca.hot_min_access:g} gaining ≥ "
+            f"{ca.copy_gain_s:g} s; {scan}, θ_inter {ca.theta_inter:g}; reclaim (θ_reclaim {ca.theta_reclaim:g}) "
+            f"only at pressure ≥ {ca.reclaim_pressure:g}")  # fmt: skip
 
 
 def _labelled_table(results: dict[str, RunResult]) -> str:
@@ -194,20 +206,41 @@ def _ablation(rep: Report) -> tuple[str, list[tuple[str, float, float, float]]]:
     c = rep.cfg.cache
     ctl = [x for _, _, comp, x, _ in rows if comp == "controller on"]
     single, n_ctl = sum("+" not in str(x.get("final_composition", "+")) for x in ctl), len(ctl)
-    lines += [
-        "",
-        f"Thresholds (`configs/sim-40gpu.yaml`): scan every {c.scan_interval_s:g} s, θ_inter {c.theta_inter:g} s, "
-        f"θ_intra {c.theta_intra:g}, θ_reclaim {c.theta_reclaim:g}, decay {c.decay:g}, at most {c.max_ops_per_scan} "
-        "ops per list per scan; the config says how they were chosen. Replications and reclamations count "
-        "confirmed ops. Replication lowers P90 TTFT by 1% or more in "
+    counts = (
+        "Replications and reclamations count confirmed ops. Replication lowers P90 TTFT by 1% or more in "
         f"{down} of {len(rows)} rows, raises it by 1% or more in {up}, and leaves it within ±1% in the other "
         f"{len(rows) - down - up}. {single} of the {n_ctl} controller-on runs end on a single "
         "degree, where only intra-degree copies apply (inter-degree copies need a degree without a copy next to "
-        "one with it). Few replications means the scan's thresholds were not reached (access[z,C] > r·θ_intra, "
-        "missed[z,C] > θ_inter); a request the scheduler sends to an idle worker recomputes the prefix there and "
-        "so makes a new copy without the manager. The config's comment records the threshold search on these "
-        "traces that chose them (in-sample) and how they interact with the controller band.",
-    ]
+        "one with it). "
+    )
+    if c.policy == "rules":
+        text = (
+            f"Policy `cache.policy: rules` (the paper's scan), thresholds (`configs/sim-40gpu.yaml`): scan every "
+            f"{c.scan_interval_s:g} s, θ_inter {c.theta_inter:g} s, θ_intra {c.theta_intra:g}, θ_reclaim "
+            f"{c.theta_reclaim:g}, decay {c.decay:g}, at most {c.max_ops_per_scan} ops per list per scan; the config "
+            "says how they were chosen. " + counts + "Few replications means the scan's thresholds were not "
+            "reached (access[z,C] > r·θ_intra, missed[z,C] > θ_inter); a request the scheduler sends to an idle "
+            "worker recomputes the prefix there and so makes a new copy without the manager. The config's comment "
+            "records the threshold search on these traces that chose them (in-sample) and how they interact with "
+            "the controller band."
+        )
+    else:
+        text = (
+            "Policy `cache.policy: queue_aware` (the default; docs/design.md §3): same-degree copies are made at "
+            f"placement, a fetch of the longest held prefix before the prefill on a worker queued ≤ "
+            f"{c.fetch_max_queue_s:g} s when the scheduler prices it cheapest that way, and a push copy of a hot "
+            f"prefix (≥ {c.hot_min_blocks} blocks, access ≥ {c.hot_min_access:g}) off a queued holder to an idle "
+            f"same-degree worker when it gains ≥ {c.copy_gain_s:g} s; the scan (every {c.scan_interval_s:g} s, decay "
+            f"{c.decay:g}, at most {c.max_ops_per_scan} ops per list) keeps its inter-degree list (θ_inter "
+            f"{c.theta_inter:g} s) and reclaims (θ_reclaim {c.theta_reclaim:g}) only on a worker at pressure ≥ "
+            f"{c.reclaim_pressure:g} whose incoming copies do not fit; θ_intra is not used. " + counts + "Few "
+            "replications means few requests met a hot prefix behind a queued holder; a request the scheduler "
+            "sends to an idle worker without a fetch recomputes the prefix there. The queue bound was chosen on "
+            "the cache ablation's tuning set (configs/eval/cache-tuning.yaml; the hot-prefix test set is the "
+            "section below); the config's comment records the search that chose its scan thresholds under "
+            "`rules` (in-sample)."
+        )
+    lines += ["", text]
     return "\n".join(lines) + "\n", list(top.values())
 
 
@@ -238,8 +271,9 @@ def render(rep: Report, img: Path, md_dir: Path) -> str:
         _profile_notice(rep),
         "## Setup\n",
         _setup(rep),
-        "Policies: `vertumnus` (placement cost J, controller, cache manager), `vertumnus-norepl` (no replication / "
-        "reclamation), `vertumnus-static` (no reconfiguration), baselines on a fixed composition with engine-native "
+        f"Policies: `vertumnus` (placement cost J, controller, cache manager with `cache.policy: "
+        f"{rep.cfg.cache.policy}`), `vertumnus-norepl` (no replication / reclamation), `vertumnus-static` (no "
+        "reconfiguration), baselines on a fixed composition with engine-native "
         "LRU caching only: `round-robin`, `least-work` (least outstanding predicted seconds), `length-threshold` "
         "(> 32K tokens → the largest degree), `sglang-cache-aware` (sglang-router defaults: match ratio ≥ 0.5 → best "
         "match, else fewest in-flight requests; imbalance override when max − min > 32 requests and max > "
