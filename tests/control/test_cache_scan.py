@@ -23,9 +23,17 @@ def _e8(r: float, p: float) -> float:
 
 
 def _manager(max_ops: int, **cfg: object) -> CacheManager:
+    # The paper's threshold scan (cache.policy: rules; the default queue_aware skips the intra list and reclaims
+    # only under pressure: tests/control/test_cache_queue_aware.py).
     c = CacheConfig(
-        block_tokens=10, theta_inter=0.01, theta_intra=3.0, theta_reclaim=1.0, max_ops_per_scan=max_ops, **cfg
-    )  # type: ignore[arg-type]
+        block_tokens=10,
+        policy="rules",
+        theta_inter=0.01,
+        theta_intra=3.0,
+        theta_reclaim=1.0,
+        max_ops_per_scan=max_ops,
+        **cfg,  # type: ignore[arg-type]
+    )
     return CacheManager(c, CostModel(PROFILE), [4, 8])
 
 

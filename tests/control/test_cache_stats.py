@@ -101,7 +101,8 @@ def test_decay_halves_stats_and_pruning_empties_the_active_set() -> None:
 
 
 def test_same_stats_with_replication_on_give_ops() -> None:
-    m = _manager(decay=0.5, epsilon=0.3, replication=True, theta_intra=0.4, theta_reclaim=0.1)
+    # The paper's scan (cache.policy: rules): its intra list and its reclaim-without-pressure are what this pins.
+    m = _manager(decay=0.5, epsilon=0.3, replication=True, policy="rules", theta_intra=0.4, theta_reclaim=0.1)
     m.add_worker(3, 4, 0, 100)
     _place(m, (1, 2, 3, 4, 5), 55, 1, 8)
     ops = m.scan(5.0, {})
