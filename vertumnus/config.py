@@ -297,6 +297,15 @@ class ServingConfig(_Section):
         description="Hugging Face tokenizer directory for real models (local files only); empty: the byte-level "
         "tokenizer of the tiny reference model (vertumnus/serving/tokenizer.py).",
     )
+    ray_node_resource: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$",
+        description="Ray custom resource that marks a Ray node able to host one pool node (one unit per such node, "
+        "e.g. `ray start --resources '{\"vertumnus_pool_node\": 1}'`). Each pool node's placement group asks for "
+        "one unit, so no two pool nodes share a Ray node and a lost node's pool node is placed again only on such "
+        "a node; start-up fails at once, naming the resource, when fewer than pool.nodes such Ray nodes exist. "
+        "Empty: no mapping (pool nodes may share a Ray node, e.g. one local cluster).",
+    )
 
 
 class VllmConfig(_Section):

@@ -51,6 +51,8 @@ def _write(tmp_path: Path, text: str) -> Path:
         # queue_aware prices copies at link speed: a vLLM "copy" that recomputes the prefix cannot back it.
         ("pool: {engine: vllm}\ncache: {policy: queue_aware}", "cache.policy", "set vllm.replication: transfer"),
         ("cache: {policy: lru}", "cache.policy", "Input should be 'rules' or 'queue_aware'"),
+        # a Ray resource name: `ray start --resources` would refuse it, and the pool would wait for no node
+        ("serving: {ray_node_resource: 'pool node'}", "serving.ray_node_resource", "String should match pattern"),
     ],
 )  # fmt: skip
 def test_invalid_values_name_their_key(tmp_path: Path, text: str, key: str, fragment: str) -> None:

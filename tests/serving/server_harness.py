@@ -187,19 +187,12 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path, timeout_s: 
         time.sleep(0.5)
 
 
-def start_server(tmp: Path, overrides: dict[str, Any] | None = None) -> Server:
-    """Write the test config (+ overrides), start ``vertumnus serve`` and wait for /health."""
-    data = merge(yaml.safe_load(TEST_CONFIG.read_text()), overrides or {})
-    cfg = config_from_dict(data)
-    cfg_path = tmp / "server.yaml"
-    cfg_path.write_text(yaml.safe_dump(data))
-    port = free_port()
-    log = tmp / "server.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, "-m", "vertumnus.cli.main", "serve", "--config", str(cfg_path), "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
+def start_server(
+    tmp: Path, overrides: dict[str, Any] | None = None, address: str | None = None, env: dict[str, str] | None = None
+) -> Server:
+    """Write the test config (+ overrides), start ``vertumnus serve`` and wait for /health: on a local cluster
+    of its own, or joining the cluster at ``address`` (with ``env``: e.g. that cluster's auth token)."""
+    proc, url, log, cfg = launch_server(tmp, overrides, address, env)
     try:
         wait_healthy(proc, url, log)
     except RuntimeError:
@@ -210,6 +203,25 @@ def start_server(tmp: Path, overrides: dict[str, Any] | None = None) -> Server:
         if line.startswith("Ray cluster: "):
             address = line.split()[2]
     return Server(url, proc, log, cfg, address)
+
+
+def launch_server(
+    tmp: Path, overrides: dict[str, Any] | None = None, address: str | None = None, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str, Path, VertumnusConfig]:
+    """Start ``vertumnus serve`` on the test config (+ overrides) without waiting: (process, url, log, config)."""
+    data = merge(yaml.safe_load(TEST_CONFIG.read_text()), overrides or {})
+    cfg = config_from_dict(data)
+    cfg_path = tmp / "server.yaml"
+    cfg_path.write_text(yaml.safe_dump(data))
+    port = free_port()
+    log = tmp / "server.log"
+    env = {**(env if env is not None else os.environ), "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    cmd = [sys.executable, "-m", "vertumnus.cli.main", "serve", "--config", str(cfg_path), "--port", str(port)]
+    if address:
+        cmd += ["--address", address]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    return proc, f"http://127.0.0.1:{port}", log, cfg
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:

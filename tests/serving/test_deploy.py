@@ -125,6 +125,15 @@ def _gpus(containers: list[dict[str, Any]]) -> int:
     return sum(int(c["resources"]["limits"].get("nvidia.com/gpu", 0)) for c in containers)
 
 
+def _start_resources(group: dict[str, Any]) -> dict[str, float]:
+    """The custom resources a group's ``rayStartParams.resources`` declares (``'"{\\"name\\": 1}"'``)."""
+    text = group["rayStartParams"].get("resources")
+    if text is None:
+        return {}
+    assert text.startswith('"') and text.endswith('"'), text
+    return dict(json.loads(text[1:-1].replace('\\"', '"')))
+
+
 def test_rayservice_uses_only_crd_keys_and_matches_the_config() -> None:
     (svc,) = _docs("rayservice.yaml")
     _keys(svc, RAYSERVICE, "RayService")
@@ -148,6 +157,12 @@ def test_rayservice_uses_only_crd_keys_and_matches_the_config() -> None:
     assert prefill["replicas"] == cfg.pool.nodes
     assert _gpus(prefill["template"]["spec"]["containers"]) == cfg.pool.gpus_per_node
     assert _gpus(groups["decode-h200"]["template"]["spec"]["containers"]) >= cfg.serving.decode_actors
+    # pool node ↔ prefill pod: every prefill pod offers one unit of serving.ray_node_resource, no other pod any
+    # (KubeRay passes rayStartParams.resources to `ray start --resources` as written: a quoted JSON object)
+    marker = cfg.serving.ray_node_resource
+    assert marker
+    assert _start_resources(prefill) == {marker: 1}
+    assert marker not in _start_resources(groups["decode-h200"]) and marker not in _start_resources(head)
     # image built from the Ray version the cluster declares
     assert f"rayproject/ray:{rc['rayVersion']}-" in (DEPLOY / "Dockerfile").read_text()
 

@@ -14,9 +14,7 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -28,6 +26,7 @@ import httpx
 import openai
 import pytest
 import yaml
+from ray_cluster import STOP_TIMEOUT_S, alive, default_sigint, descendants, free_port, mentioning, stop_process, tool
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +34,6 @@ REPO = Path(__file__).resolve().parents[2]
 RAYSERVICE = REPO / "deploy" / "rayservice.yaml"
 TEST_CONFIG = REPO / "configs" / "test-serve.yaml"
 START_TIMEOUT_S = 420.0  # per wait (ray start, serve run healthy): the fixture's own bound (214 s seen loaded)
-STOP_TIMEOUT_S = 120.0
 
 
 def serve_config(port: int) -> dict[str, Any]:
@@ -47,87 +45,6 @@ def serve_config(port: int) -> dict[str, Any]:
     (app,) = conf["applications"]
     app["args"]["config"] = str(TEST_CONFIG.resolve())
     return conf
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _tool(name: str) -> str:
-    """This interpreter's console script (``ray``, ``serve``), else the one on PATH."""
-    mine = Path(sys.executable).parent / name
-    found = str(mine) if mine.exists() else shutil.which(name)
-    assert found, f"`{name}` not found (install the serve extra: pip install -e '.[serve]')"
-    return found
-
-
-def _default_sigint() -> None:
-    # A shell running pytest in the background starts it with SIGINT ignored, which children inherit; Python
-    # then never raises KeyboardInterrupt, and `serve run` / `ray start --block` stop cleanly only on it.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _procs() -> dict[int, tuple[int, str]]:
-    """pid → (parent pid, state) of every live process (Linux /proc)."""
-    out: dict[int, tuple[int, str]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out[int(d.name)] = (int(fields[1]), fields[0])
-    return out
-
-
-def descendants(root: int) -> set[int]:
-    procs = _procs()
-    kids: dict[int, list[int]] = {}
-    for pid, (ppid, _) in procs.items():
-        kids.setdefault(ppid, []).append(pid)
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            if k not in found:
-                found.add(k)
-                todo.append(k)
-    return found
-
-
-def alive(pids: set[int]) -> set[int]:
-    """Those of ``pids`` still running (zombies count as gone)."""
-    procs = _procs()
-    return {p for p in pids if p in procs and procs[p][1] != "Z"}
-
-
-def mentioning(text: str) -> set[int]:
-    """Live processes whose command line contains ``text``."""
-    out: set[int] = set()
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and d.name != str(os.getpid()):
-            try:
-                if text.encode() in (d / "cmdline").read_bytes():
-                    out.add(int(d.name))
-            except OSError:
-                continue
-    return alive(out)
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> int:
-    """SIGINT, then kill after STOP_TIMEOUT_S; the exit status."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-    return proc.returncode
 
 
 @dataclass
@@ -152,9 +69,9 @@ class ServeRun:
         """SIGINT ``serve run`` (it shuts Serve down), then the head; (serve status, head status, processes of
         the cluster still alive after STOP_TIMEOUT_S — those are then killed)."""
         self.cluster_pids |= descendants(self.ray.pid) | mentioning(self.temp_dir)
-        serve_rc = _stop(self.serve) if self.serve is not None else None
+        serve_rc = stop_process(self.serve) if self.serve is not None else None
         self.cluster_pids |= descendants(self.ray.pid)
-        ray_rc = _stop(self.ray)
+        ray_rc = stop_process(self.ray)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         left = alive(self.cluster_pids) | mentioning(self.temp_dir)
         while left and time.monotonic() < deadline:
@@ -203,18 +120,18 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeRun]:
     popen: dict[str, Any] = {"cwd": tmp, "env": env, "stderr": subprocess.STDOUT, "start_new_session": True}
     ray_log, serve_log = tmp / "ray-start.log", tmp / "serve-run.log"
     head = [
-        *(_tool("ray"), "start", "--head", "--block", "--temp-dir", temp_dir, "--num-cpus", "8", "--num-gpus", "0"),
+        *(tool("ray"), "start", "--head", "--block", "--temp-dir", temp_dir, "--num-cpus", "8", "--num-gpus", "0"),
         *("--port", str(gcs), "--ray-client-server-port", str(client), "--dashboard-agent-listen-port", str(agent)),
         *("--min-worker-port", "0", "--max-worker-port", "0", "--include-dashboard=false", "--disable-usage-stats"),
     ]
     with ray_log.open("wb") as out:
-        ray = subprocess.Popen(head, stdout=out, preexec_fn=_default_sigint, **popen)
+        ray = subprocess.Popen(head, stdout=out, preexec_fn=default_sigint, **popen)
     run = ServeRun(f"http://127.0.0.1:{http}", ray, None, temp_dir, ray_log, serve_log)
     try:
         _wait("ray start", run, lambda: "Ray runtime started" in ray_log.read_text(errors="replace"))
-        cmd = [_tool("serve"), "run", "--address", f"127.0.0.1:{gcs}", str(cfg_path)]
+        cmd = [tool("serve"), "run", "--address", f"127.0.0.1:{gcs}", str(cfg_path)]
         with serve_log.open("wb") as out:
-            run.serve = subprocess.Popen(cmd, stdout=out, preexec_fn=_default_sigint, **popen)
+            run.serve = subprocess.Popen(cmd, stdout=out, preexec_fn=default_sigint, **popen)
         _wait("serve run: GET /health 200", run, lambda: _healthy(run.url))
         run.cluster_pids = descendants(ray.pid) | mentioning(temp_dir)
         yield run

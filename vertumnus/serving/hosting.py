@@ -7,6 +7,17 @@ Placement invariant: pool node n is one Ray placement group with ``gpus_per_node
 slot, each) and strategy STRICT_PACK, so every bundle — and therefore every rank of every worker the lattice can
 ever form on that node (split or merge never leaves a node) — lands on one Ray node. Rank r of node n runs in
 bundle r; a restarted rank reuses the bundle its dead predecessor freed.
+
+Pool node → Ray node (``serving.ray_node_resource``, docs/serving.md "Several Ray nodes"): with the resource set,
+bundle 0 of every pool node's group asks for one unit of it, and each Ray node meant to host a pool node offers
+exactly one unit, so two pool nodes never share a Ray node (anti-affinity by a unit resource: it works with one
+KubeRay worker group of N replicas, unlike per-index resources or labels). When a Ray node is lost, Ray
+reschedules its placement group (state RESCHEDULING) and places it again on the next Ray node that offers the
+resource and the slots — the same host restarted, or a replacement pod::
+
+    pool node 0 ── PG0 [b0: CPU+unit][b1: CPU] ──► Ray node A (unit 1)
+    pool node 1 ── PG1 [b0: CPU+unit][b1: CPU] ──► Ray node B (unit 1)   B lost ⇒ PG1 RESCHEDULING ⇒ B' (unit 1)
+    head (no unit): the server, decode actors
 """
 
 from __future__ import annotations
@@ -18,12 +29,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from vertumnus.config import VertumnusConfig
 
 log = logging.getLogger("vertumnus.serving")
+
+
+@dataclass(frozen=True, slots=True)
+class NodePlacement:
+    """Pool node ``node``'s placement group: the Ray node holding it (None while it is not placed) and its GCS
+    state (CREATED, RESCHEDULING after its Ray node was lost, PENDING, ...)."""
+
+    node: int
+    ray_node_id: str | None
+    state: str
+
+    @property
+    def placed(self) -> bool:
+        return self.ray_node_id is not None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"node": self.node, "ray_node_id": self.ray_node_id, "state": self.state.lower()}
 
 
 @dataclass(slots=True)
@@ -35,6 +63,21 @@ class RayHosting:
     temp_dir: str | None
     gcs_address: str = ""
     node_groups: list[PlacementGroup] = field(default_factory=list)
+
+    def placements(self) -> list[NodePlacement]:
+        """Where each pool node's placement group is now (a GCS call per group: call it off the event loop)."""
+        out: list[NodePlacement] = []
+        for n, pg in enumerate(self.node_groups):
+            try:
+                table = placement_group_table(pg)
+            except Exception:  # GCS unreachable: unknown, shown as not placed
+                log.debug("placement group table of pool node %d failed", n, exc_info=True)
+                out.append(NodePlacement(n, None, "UNKNOWN"))
+                continue
+            ids = {i for i in table.get("bundles_to_node_id", {}).values() if i}
+            state = str(table.get("state", "UNKNOWN"))
+            out.append(NodePlacement(n, ids.pop() if state == "CREATED" and len(ids) == 1 else None, state))
+        return out
 
     def rank_options(self, node: int, local_rank: int) -> dict[str, Any]:
         """``.options(...)`` for the rank actor of (node, local rank): its bundle, one GPU or one CPU."""
@@ -96,12 +139,18 @@ def start_hosting(cfg: VertumnusConfig, address: str | None = None, timeout_s: f
         hosting.close()
         unit = "GPUs" if use_gpu else "CPU slots"
         raise ValueError(f"the Ray cluster has {have:g} {unit}; the pool needs {need} (pool.nodes × gpus_per_node)")
+    marker = cfg.serving.ray_node_resource
+    if marker:
+        try:
+            check_pool_nodes(cfg, ray.nodes(), "GPU" if use_gpu else "CPU")
+        except ValueError:
+            hosting.close()
+            raise
     for n in range(cfg.pool.nodes):
-        pg = placement_group(
-            [dict(bundle) for _ in range(cfg.pool.gpus_per_node)],
-            strategy="STRICT_PACK",
-            name=f"vertumnus-node-{n}-{os.getpid()}",
-        )
+        bundles = [dict(bundle) for _ in range(cfg.pool.gpus_per_node)]
+        if marker:
+            bundles[0][marker] = 1.0  # anti-affinity: one unit per Ray node (module docstring)
+        pg = placement_group(bundles, strategy="STRICT_PACK", name=f"vertumnus-node-{n}-{os.getpid()}")
         hosting.node_groups.append(pg)
     for n, pg in enumerate(hosting.node_groups):
         if not pg.wait(timeout_seconds=timeout_s):
@@ -111,6 +160,30 @@ def start_hosting(cfg: VertumnusConfig, address: str | None = None, timeout_s: f
                 f"(needs {cfg.pool.gpus_per_node} × {bundle} on one Ray node)"
             )
     return hosting
+
+
+def check_pool_nodes(cfg: VertumnusConfig, nodes: list[dict[str, Any]], unit: str) -> None:
+    """ValueError naming the missing resources unless at least ``pool.nodes`` alive Ray nodes offer
+    ``serving.ray_node_resource`` and ``pool.gpus_per_node`` slots of ``unit`` (CPU or GPU) each: without them a
+    placement group would wait forever (a hang at start-up instead of an error)."""
+    marker, gpn = cfg.serving.ray_node_resource, cfg.pool.gpus_per_node
+    assert marker
+    fit: list[str] = []
+    short: list[str] = []
+    for n in nodes:
+        res = n.get("Resources", {})
+        if not n.get("Alive") or res.get(marker, 0.0) < 1.0:
+            continue
+        (fit if res.get(unit, 0.0) >= gpn else short).append(f"{n['NodeID'][:12]} ({res.get(unit, 0.0):g} {unit})")
+    if len(fit) >= cfg.pool.nodes:
+        return
+    few = f"; with too few {unit} slots: {', '.join(short)}" if short else ""
+    raise ValueError(
+        f"pool.nodes={cfg.pool.nodes} needs {cfg.pool.nodes} alive Ray nodes, each offering the resource "
+        f"{marker!r} (serving.ray_node_resource) and {gpn} {unit} slots (pool.gpus_per_node); the cluster has "
+        f"{len(fit)}{few}. Start the missing {cfg.pool.nodes - len(fit)} with "
+        f"`ray start --address <head> --num-{unit.lower()}s {gpn} --resources '{{\"{marker}\": 1}}'`"
+    )
 
 
 def _want_gpu(device: str, gpus: float) -> bool:

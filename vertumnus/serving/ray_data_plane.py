@@ -16,6 +16,12 @@ same command sequence (required: their block indexes are replicated and every co
   (``events.worker_failed``; the pool re-places its jobs); ``restart`` respawns dead ranks, moves the whole
   world to a new generation (newcomers connect, survivors Regroup — through their worker's FIFO, at a step
   boundary) and assigns the worker again under its new epoch with an empty cache.
+- a lost Ray node (every rank of a pool node dead at once): its workers fail as above and the rest of the pool
+  serves on (its workers' process groups never include another node's ranks). The restart first waits until the
+  pool node's placement group is placed again (Ray reschedules it once a Ray node offering its bundles exists:
+  the host back, or a replacement) and until every replacement rank answers; only then does the world move to
+  a new generation. Starting the generation change earlier would park every survivor in a rendezvous with a
+  rank that cannot start, stopping the whole pool for a lost node.
 - errors: every background task belongs to something that fails visibly when the task raises — a prefill's
   request (``prefill_done`` with ``ok=False``: the client gets a 500), a cache op (``cache_op_failed``), a
   worker (FAILED: its jobs are re-placed), the targets of an activation (FAILED), the start-up (``startup_error``,
@@ -28,10 +34,13 @@ Re-entrancy: no DataPlane method calls back into the pool synchronously; all wor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
 
 from vertumnus.config import VertumnusConfig
 from vertumnus.engines.torch.kv_export import exporter_for
@@ -52,7 +61,7 @@ from vertumnus.interfaces import EngineEvents, PrefillJob
 from vertumnus.serving.decode_engine import KVHandle
 from vertumnus.serving.handoff import Handoff
 from vertumnus.serving.holds import HoldAt, PrefillHolds
-from vertumnus.serving.hosting import RayHosting
+from vertumnus.serving.hosting import NodePlacement, RayHosting
 from vertumnus.serving.ray_cache_ops import CacheOps, StepItem, WorkerFailed, WorkerLane
 from vertumnus.serving.ray_ranks import RankSet
 from vertumnus.types import CacheOp, PrefillResult, ReconfigPlan, WorkerGroup
@@ -61,6 +70,7 @@ log = logging.getLogger("vertumnus.serving")
 
 RESTART_BACKOFF_S = (1.0, 30.0)  # first retry delay of a failed restart attempt, cap of the doubling
 PROBE_S = 3.0  # a survivor rank of a failed worker that does not answer within this is replaced
+PLACEMENT_POLL_S = 0.5  # how often the pool nodes' placement groups are read (restart wait, /v1/pool, metrics)
 
 
 class RayDataPlane:
@@ -87,6 +97,9 @@ class RayDataPlane:
         self.restart_failures = 0
         self._regroups: dict[int, asyncio.Future[None]] = {}  # worker -> its pending regroup (restart waits)
         self._kv_export = exporter_for(cfg)  # None unless serving.kv_export_path: files for a vLLM decode instance
+        self.hosting = hosting
+        self.placements: list[NodePlacement] = []  # the pool nodes' placement groups, refreshed every poll
+        self._placement_changed: asyncio.Event | None = None
 
     # -- plumbing -------------------------------------------------------------------------------------------
     @property
@@ -207,7 +220,59 @@ class RayDataPlane:
     # -- DataPlane: lifecycle -------------------------------------------------------------------------------
     def start(self, groups: Sequence[WorkerGroup], epoch: int, events: EngineEvents) -> None:
         self._events = events
+        self._placement_changed = asyncio.Event()
         self.spawn_task(self._start(list(groups), epoch), "start-up", self._startup_failed)
+        self.spawn_task(self._watch_placements(), "placement watch")
+
+    async def _watch_placements(self) -> None:
+        """Keep :attr:`placements` current (GCS calls in a thread: never on the event loop)."""
+        while True:
+            try:
+                now = await asyncio.to_thread(self.hosting.placements)
+            except Exception:  # logged; the next poll tries again
+                log.debug("reading the placement groups failed", exc_info=True)
+            else:
+                if now != self.placements:
+                    if self.placements:
+                        log.warning(
+                            "pool nodes' placement: %s",
+                            ", ".join(f"{p.node}: {p.state.lower()} on {(p.ray_node_id or '-')[:12]}" for p in now),
+                        )
+                    self.placements = now
+                    assert self._placement_changed is not None
+                    self._placement_changed.set()
+                    self._placement_changed = asyncio.Event()
+            await asyncio.sleep(PLACEMENT_POLL_S)
+
+    async def _until_placed(self, node: int) -> None:
+        """Return once pool node ``node``'s placement group is placed (its Ray node alive): at once normally,
+        after the node is back (or replaced) when it was lost. No bound: a worker whose node is gone stays
+        FAILED — visibly, in /v1/pool's ``ray_nodes`` and /health — until Ray can place its group again."""
+        told = False
+        while True:
+            # read now, not the last poll's: the worker's failure can arrive before the poll saw its node go
+            fresh = await asyncio.to_thread(self.hosting.placements)
+            p = fresh[node] if node < len(fresh) else None
+            if p is not None and p.placed:
+                return
+            if not told and p is not None:
+                log.warning("pool node %d is not placed (%s): its workers restart once it is", node, p.state.lower())
+                told = True
+            assert self._placement_changed is not None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._placement_changed.wait(), PLACEMENT_POLL_S * 4)
+
+    # -- EngineStatsSource: where the pool nodes are ------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """/v1/pool ``engine_stats``: each pool node's Ray node and placement state, the world generation."""
+        return {
+            "ray_nodes": [p.as_json() for p in self.placements],
+            "generation": self.ranks.generation,
+            "restart_failures": self.restart_failures,
+        }
+
+    def collector(self) -> PlacementCollector:
+        return PlacementCollector(self)
 
     def _startup_failed(self, e: BaseException) -> None:
         self.startup_error = e
@@ -253,6 +318,7 @@ class RayDataPlane:
                 delay = min(delay * 2, RESTART_BACKOFF_S[1])
 
     async def _restart_once(self, group: WorkerGroup, epoch: int) -> None:
+        await self._until_placed(group.node)  # a lost Ray node: wait for it (module docstring)
         async with self._world:
             # fresh actors for: dead ranks, the ranks of a failed earlier attempt, and every survivor of a failed
             # worker that does not answer a probe within PROBE_S (its step lane is busy: it sits in a collective
@@ -269,6 +335,14 @@ class RayDataPlane:
             for r in sorted(stale):
                 self.ranks.replace(r)
             self._stale -= stale
+            # every newcomer runs before the generation changes: the survivors' regroup is a rendezvous with
+            # the newcomers, and a survivor parked in it serves nothing (its placement group may have been
+            # placed but an actor can still fail to start there)
+            try:
+                await self._newcomers_ready(sorted(stale))
+            except RuntimeError:
+                self._stale |= stale
+                raise
             gen = self.ranks.generation + 1
             self.ranks.generation = gen
             waits: list[Awaitable[Any]] = [self.ranks.connect(r, gen) for r in sorted(stale)]
@@ -312,6 +386,29 @@ class RayDataPlane:
                 group.worker_id, epoch, self.clock() - t0, sorted(stale) or "none",
                 sorted(set(survivors) - stale) or "none", gen, t_world - t0,
             )  # fmt: skip
+
+    async def _newcomers_ready(self, ranks: list[int]) -> None:
+        """Until every rank of ``ranks`` (fresh actors) answers; RuntimeError after ``ranks.timeout_s``, or at
+        once when the pool node of one of them is no longer placed. The second case is a lost Ray node whose
+        ranks' deaths arrived (connection lost: ActorUnavailableError) before the GCS declared the node dead and
+        rescheduled its group: the attempt then ends instead of waiting the whole bound for actors that cannot
+        start, and the retry waits for the placement (``_until_placed``)."""
+        deadline = self.clock() + self.ranks.timeout_s
+        pending = list(ranks)
+        while pending:
+            ok = await asyncio.gather(*(self.ranks.responsive(r, 1.0) for r in pending))
+            pending = [r for r, up in zip(pending, ok, strict=True) if not up]
+            if not pending:
+                return
+            lost = sorted({r // self.gpn for r in pending if not self._placed(r // self.gpn)})
+            if lost:
+                raise RuntimeError(f"pool node(s) {lost} lost their placement while ranks {pending} started")
+            if self.clock() > deadline:
+                raise RuntimeError(f"replacement ranks {pending} did not start within {self.ranks.timeout_s:.0f} s")
+
+    def _placed(self, node: int) -> bool:
+        """Whether pool node ``node`` is placed as of the last poll (True before the first: unknown yet)."""
+        return node >= len(self.placements) or self.placements[node].placed
 
     def _regroup_item(self, w: WorkerLane, gen: int, fut: asyncio.Future[None]) -> Callable[[], Awaitable[None]]:
         async def run() -> None:
@@ -421,3 +518,21 @@ class RayDataPlane:
     # -- DataPlane: cache ops (vertumnus/serving/ray_cache_ops.py) -------------------------------------------
     def execute(self, op: CacheOp) -> None:
         self._ops.execute(op)
+
+
+class PlacementCollector:
+    """``vertumnus_pool_node_placed{node}``: 1 while pool node n's placement group is placed on a live Ray node,
+    0 while it is not (its Ray node lost, Ray rescheduling the group); read at scrape time."""
+
+    def __init__(self, plane: RayDataPlane) -> None:
+        self._plane = plane
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        g = GaugeMetricFamily(
+            "vertumnus_pool_node_placed",
+            "1 while the pool node's placement group is placed on a live Ray node, else 0.",
+            labels=["node"],
+        )
+        for p in self._plane.placements:
+            g.add_metric([str(p.node)], 1.0 if p.placed else 0.0)
+        yield g
