@@ -43,21 +43,28 @@ def _fates(r: RunResult) -> list[tuple[object, ...]]:
 
 
 @pytest.mark.parametrize(
-    ("policy", "composition", "controller"),
+    ("policy", "composition", "controller", "cache"),
     [
-        ("vertumnus", None, "rules"),
-        ("vertumnus", "6xCP4+2xCP8", "rules"),  # merges during the gap
-        ("vertumnus", "6xCP4+2xCP8", "predictive"),
-        ("vertumnus-norepl", "10xCP4", "rules"),
-        ("least-work", "10xCP4", "rules"),  # controller off: only cache scans to jump
+        ("vertumnus", None, "rules", "queue_aware"),
+        ("vertumnus", None, "rules", "rules"),  # the paper's scan (the cache default before queue_aware)
+        ("vertumnus", "6xCP4+2xCP8", "rules", "queue_aware"),  # merges during the gap
+        ("vertumnus", "6xCP4+2xCP8", "predictive", "queue_aware"),
+        ("vertumnus-norepl", "10xCP4", "rules", "queue_aware"),
+        ("least-work", "10xCP4", "rules", "queue_aware"),  # controller off: only cache scans to jump
     ],
 )
 def test_jumping_an_idle_gap_gives_the_walks_results(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str, composition: str | None, controller: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    policy: str,
+    composition: str | None,
+    controller: str,
+    cache: str,
 ) -> None:
     trace = gap_trace(tmp_path / "gap.jsonl", 3.0e6, tail_every=250)  # two 3000-s gaps: 600 windows each
     cfg = load_sim_config(None)
     cfg.controller.policy = controller  # type: ignore[assignment]
+    cfg.cache.policy = cache  # type: ignore[assignment]
     cost = load_cost(cfg)
     wl = load_workload_requests(cfg, str(trace))
     jumped = Simulation(wl.requests, cfg, cost, policy, composition)
