@@ -16,7 +16,9 @@ import yaml
 
 from vertumnus.config import config_from_dict, load_config
 from vertumnus.engines.vllm.metrics import VllmCollector
+from vertumnus.serving.hosting import NodePlacement
 from vertumnus.serving.metrics import ServingMetrics, WorkerRow
+from vertumnus.serving.ray_data_plane import PlacementCollector
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -219,6 +221,8 @@ def _exported_metric_names() -> set[str]:
     plane = SimpleNamespace(feeds=[SimpleNamespace(counters=Counter(stored=1))], counters=Counter(),
                             engine_start_s=[1.0], restarts=[])  # fmt: skip
     m.registry.register(VllmCollector(plane))  # type: ignore[arg-type]
+    # and the torch engine's on Ray: where each pool node is
+    m.registry.register(PlacementCollector(SimpleNamespace(placements=[NodePlacement(0, "id", "CREATED")])))  # type: ignore[arg-type]
     names: set[str] = set()
     for fam in m.registry.collect():
         names.add(fam.name)
