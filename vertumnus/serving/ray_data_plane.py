@@ -34,7 +34,6 @@ Re-entrancy: no DataPlane method calls back into the pool synchronously; all wor
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -99,7 +98,6 @@ class RayDataPlane:
         self._kv_export = exporter_for(cfg)  # None unless serving.kv_export_path: files for a vLLM decode instance
         self.hosting = hosting
         self.placements: list[NodePlacement] = []  # the pool nodes' placement groups, refreshed every poll
-        self._placement_changed: asyncio.Event | None = None
 
     # -- plumbing -------------------------------------------------------------------------------------------
     @property
@@ -220,7 +218,6 @@ class RayDataPlane:
     # -- DataPlane: lifecycle -------------------------------------------------------------------------------
     def start(self, groups: Sequence[WorkerGroup], epoch: int, events: EngineEvents) -> None:
         self._events = events
-        self._placement_changed = asyncio.Event()
         self.spawn_task(self._start(list(groups), epoch), "start-up", self._startup_failed)
         self.spawn_task(self._watch_placements(), "placement watch")
 
@@ -239,9 +236,6 @@ class RayDataPlane:
                             ", ".join(f"{p.node}: {p.state.lower()} on {(p.ray_node_id or '-')[:12]}" for p in now),
                         )
                     self.placements = now
-                    assert self._placement_changed is not None
-                    self._placement_changed.set()
-                    self._placement_changed = asyncio.Event()
             await asyncio.sleep(PLACEMENT_POLL_S)
 
     async def _until_placed(self, node: int) -> None:
@@ -258,9 +252,7 @@ class RayDataPlane:
             if not told and p is not None:
                 log.warning("pool node %d is not placed (%s): its workers restart once it is", node, p.state.lower())
                 told = True
-            assert self._placement_changed is not None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._placement_changed.wait(), PLACEMENT_POLL_S * 4)
+            await asyncio.sleep(PLACEMENT_POLL_S)
 
     # -- EngineStatsSource: where the pool nodes are ------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
