@@ -235,9 +235,10 @@ def _ablation(rep: Report) -> tuple[str, list[tuple[str, float, float, float]]]:
             f"{c.theta_inter:g} s) and reclaims (θ_reclaim {c.theta_reclaim:g}) only on a worker at pressure ≥ "
             f"{c.reclaim_pressure:g} whose incoming copies do not fit; θ_intra is not used. " + counts + "Few "
             "replications means few requests met a hot prefix behind a queued holder; a request the scheduler "
-            "sends to an idle worker without a fetch recomputes the prefix there. The queue bound was chosen on "
-            "the cache ablation's tuning set (configs/eval/cache-tuning.yaml; the hot-prefix test set is the "
-            "section below); the config's comment records the search that chose its scan thresholds under "
+            "sends to an idle worker without a fetch recomputes the prefix there. The queue bound and the "
+            "shortest prefix worth a fetch or copy (hot_min_blocks) were chosen on the cache ablation's tuning set "
+            "(configs/eval/cache-tuning.yaml, whose header records the search by benchmarks/cache_tune.py; the "
+            "hot-prefix test set is the section below); the config's comment records the search that chose its scan thresholds under "
             "`rules` (in-sample)."
         )
     lines += ["", text]
