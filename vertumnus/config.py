@@ -203,8 +203,10 @@ class CacheConfig(_Section):
     intra_node_gbps: float = Field(400.0, gt=0, description="Intra-node copy bandwidth, GB/s.")
     inter_node_gbps: float = Field(50.0, gt=0, description="Inter-node copy bandwidth, GB/s.")
     hot_min_blocks: int = Field(
-        8, ge=1, description="queue_aware: shortest prefix (blocks) worth a fetch or a copy (chosen on the cache "
-        "ablation's tuning set: docs/results.md)."
+        8,
+        ge=1,
+        description="queue_aware: shortest prefix (blocks) worth a fetch or a copy (chosen on the cache "
+        "ablation's tuning set: configs/eval/cache-tuning.yaml).",
     )
     hot_min_access: float = Field(2.0, ge=0, description="queue_aware: decayed access count that makes it hot.")
     copy_gain_s: float = Field(
