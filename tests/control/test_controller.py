@@ -115,7 +115,13 @@ class FakeHost:
 
 class Rig:
     def __init__(self, composition: dict[int, int], nodes: int = 2, traffic: dict[int, float] | None = None) -> None:
-        self.cfg = config_from_dict({"pool": {"nodes": nodes, "gpus_per_node": 8, "degrees": [4, 8]}})
+        self.cfg = config_from_dict(
+            {
+                "pool": {"nodes": nodes, "gpus_per_node": 8, "degrees": [4, 8]},
+                # this file pins the paper's rule controller (test_controller_predictive.py: the default)
+                "controller": {"policy": "rules"},
+            }
+        )
         self.sched = Scheduler(self.cfg, COST)
         self.lattice = Lattice(nodes, 8, [4, 8])
         self.dp = FakeDataPlane()

@@ -290,7 +290,9 @@ def test_manual_reconfigure_validation() -> None:
 def test_timers_windows_and_cache_scan_ops_are_confirmed() -> None:
     # The scan's intra-degree copy (cache.policy: rules; queue_aware would copy at placement instead).
     rig = Rig(
-        "2xCP8", controller={"enabled": True, "window_s": 10.0}, cache={"policy": "rules", "scan_interval_s": 5.0}
+        "2xCP8",
+        controller={"enabled": True, "window_s": 10.0, "policy": "rules"},
+        cache={"policy": "rules", "scan_interval_s": 5.0},
     )
     rig.ack_all()
     assert rig.pool.next_timer() == 5.0

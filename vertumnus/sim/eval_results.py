@@ -34,7 +34,13 @@ PROFILES: tuple[tuple[str, str], ...] = (
     ("calibrated", "configs/sim-40gpu.yaml"),
     ("AIConfigurator", "configs/sim-40gpu-aic.yaml"),
 )
-SWEEP_KEYS = ("theta_up", "theta_low", "persist_windows")  # around the config's values, first profile only
+# Swept around the config's values under the first profile only, per controller policy: the parameters that
+# policy's decision reads (the rule band and its persistence; the predictive merge caution, which decides
+# when capacity is given away — its split side acts on any predicted gain).
+SWEEP_KEYS: dict[str, tuple[str, ...]] = {
+    "rules": ("theta_up", "theta_low", "persist_windows"),
+    "predictive": ("merge_margin", "merge_stress", "merge_persist_windows"),
+}
 # ±10% (floats) and ±1 (integers): two more runs of the policy per key and workload keep `make results` affordable.
 SWEEP_FLOAT_STEPS = (0.9, 1.0, 1.1)
 SWEEP_INT_STEPS = (-1, 0, 1)
@@ -82,7 +88,7 @@ def results_section(
     set_path: str = TEST_SET,
     tuning_path: str | None = TUNING_SET,
     jobs: int = 1,
-    sweep_keys: Sequence[str] = SWEEP_KEYS,
+    sweep_keys: Sequence[str] | None = None,
     policy: str = "vertumnus",
     log: Callable[[str], None] = _stderr,
     heading: str = "## Out-of-sample evaluation (issue 16)",
@@ -97,11 +103,12 @@ def results_section(
             out.append(f"### Profile: {label}\n\nSkipped: `{config}` does not exist in this checkout.\n")
             continue
         t0 = time.perf_counter()
-        if first and sweep_keys:
+        if first and (sweep_keys is None or len(sweep_keys) > 0):
             from vertumnus.sim.evaluate import plan
 
             cfg = plan(set_path, config, policy).cfg
-            grid = parse_sweep(list(sweep_keys), cfg, SWEEP_FLOAT_STEPS, SWEEP_INT_STEPS)
+            keys = SWEEP_KEYS[cfg.controller.policy] if sweep_keys is None else sweep_keys
+            grid = parse_sweep(list(keys), cfg, SWEEP_FLOAT_STEPS, SWEEP_INT_STEPS)
             sw = sweep(set_path, config, grid, policy, jobs=jobs)
             res = sw.base
             out.append(profile_text(label, config, res))
