@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from vertumnus.config import (
     ConfigError,
@@ -116,3 +117,13 @@ def test_composition_parsing() -> None:
     for bad in ("", "4CP4", "4xCP4+", "0xCP4", "axCP4"):
         with pytest.raises(ValueError, match="composition"):
             parse_composition(bad)
+
+
+def test_the_default_controller_policy_is_predictive_and_the_rules_config_differs_in_the_policy_only() -> None:
+    # configs/sim-40gpu-rules.yaml is the rule controller's ablation: everything but the policy held fixed.
+    base = yaml.safe_load((REPO / "configs" / "sim-40gpu.yaml").read_text())
+    rules = yaml.safe_load((REPO / "configs" / "sim-40gpu-rules.yaml").read_text())
+    assert (base["controller"].pop("policy"), rules["controller"].pop("policy")) == ("predictive", "rules")
+    assert rules == base
+    assert load_config(REPO / "configs" / "sim-40gpu-rules.yaml").controller.policy == "rules"
+    assert load_config(REPO / "configs" / "local.yaml").controller.policy == "predictive"  # the default
