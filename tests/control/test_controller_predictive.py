@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
-from vertumnus.controller.predictive import ArrivalLog
+from vertumnus.controller.lattice import Lattice
+from vertumnus.controller.predictive import ArrivalLog, PredictiveModel, WorkerNow
 from vertumnus.controller.replay import ReplayArrivals, ReplayWorkers, replay_mean_ttft
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.sim.runner import Simulation
 from vertumnus.sim.workload import TraceRecord, build_requests
+from vertumnus.types import ReconfigKind
 
 COST = CostModel.from_file(REPO_ROOT / DEFAULT_PROFILE)
 
@@ -133,6 +135,28 @@ def test_a_burst_far_above_capacity_splits_two_blocks_at_once() -> None:
     assert sorted(got) == [("split", (0,), (2, 3)), ("split", (1,), (4, 5))]
     assert [began(r) for r in res.reconfigs] == pytest.approx([1.0, 1.0])
     assert res.summary["completed"] == len(times) and res.summary["rejected"] == 0
+
+
+@pytest.mark.parametrize(("burst_margin", "want"), [(0.02, ReconfigKind.SPLIT), (0.1, None)])
+def test_a_split_won_on_the_burst_forecast_only_answers_to_the_burst_margin(
+    burst_margin: float, want: ReconfigKind | None
+) -> None:
+    # One idle CP8 (Ê_8 = 1.0 s) or, after the split, two CP4 ready after the 0.8-s switch (Ê_4 = 1.2 s).
+    # The window's forecast, one request: stay 1.0 s < split 2.0 s. The burst forecast, six requests at once:
+    # stay (1+2+…+6)/6 = 3.5 s; split, pairs done at 0.8 + 1.2·k: 0.8 + 0.6·4 = 3.2 s, an 8.6% gain — above
+    # a 2% margin, below 10%.
+    lattice = Lattice(1, 8, [4, 8])
+    (cp8,) = lattice.build({8: 1})
+    model = PredictiveModel(COST, [4, 8], 1.0, 0.1, 0.8, 4, 0.02, 0.05, 2.0, burst_split_margin=burst_margin)
+    ops = {ReconfigKind.SPLIT: lattice.ops(ReconfigKind.SPLIT)}
+    workers = [WorkerNow(cp8.worker_id, 8, 0.0, 0.0, [])]
+    one = ReplayArrivals(np.array([0.0]), {4: np.array([1.2]), 8: np.array([1.0])})
+    six = ReplayArrivals(np.zeros(6), {4: np.full(6, 1.2), 8: np.full(6, 1.0)})
+    assert model.decide(workers, one, ops).want is None  # the window's forecast alone: stay
+    d = model.decide(workers, one, ops, burst=six)
+    assert d.want == want
+    if want is not None:
+        assert d.best_split is not None and [o.kind for o in d.best_split.ops] == [ReconfigKind.SPLIT]
 
 
 def test_one_operation_per_decision_when_concurrency_is_one() -> None:
