@@ -32,7 +32,7 @@ from vertumnus.sim.runner import run_policy
 
 def _run(task: CacheTask, key: str | None, value: float | None) -> dict[str, Any]:
     es, cfg, cost = _context(task.set_path, task.config)
-    gen = _requests(task.set_path, task.config, task.workload, task.load)
+    gen = _requests(task.set_path, task.config, task.workload, task.load, task.replicate)
     run_cfg = run_config(es, cfg, task)
     if key is not None and task.policy != "norepl":
         section, name = key.split(".", 1)
@@ -50,18 +50,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--values", default="", help="comma-separated values of --key")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--dump", default="", help="also write every run's summary to this JSON file")
+    ap.add_argument("--replicates", type=int, default=0, help="request streams per point (default: the set's)")
     a = ap.parse_args(argv)
     if "test" in a.set.rsplit("/", 1)[-1]:
         print("refusing to tune on a test set", file=sys.stderr)
         return 2
     values: list[float | None] = [float(v) for v in a.values.split(",") if v] if a.key else [None]
     es, cfg, cost = _context(a.set, a.config)
-    points = [(w.name, gpu, load, mode) for w in es.workloads for load in es.loads for gpu in es.memory.gpus
-              for mode in ("fixed", "controller")]  # fmt: skip
-    base = [(CacheTask(a.set, a.config, w, g, x, m, "norepl"), None, None) for (w, g, x, m) in points]
+    reps = range(a.replicates or es.replicates)
+    points = [(w.name, gpu, load, mode, k) for w in es.workloads for load in es.loads for gpu in es.memory.gpus
+              for mode in ("fixed", "controller") for k in reps]  # fmt: skip
+    base = [(CacheTask(a.set, a.config, w, g, x, m, "norepl", k), None, None) for (w, g, x, m, k) in points]
     jobs: list[tuple[CacheTask, str | None, float | None]] = list(base)
-    jobs += [(CacheTask(a.set, a.config, w, g, x, m, "queue_aware"), a.key, v)
-             for v in values for (w, g, x, m) in points]  # fmt: skip
+    jobs += [(CacheTask(a.set, a.config, w, g, x, m, "queue_aware", k), a.key, v)
+             for v in values for (w, g, x, m, k) in points]  # fmt: skip
     out: dict[tuple[CacheTask, float | None], dict[str, Any]] = {}
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as ex:

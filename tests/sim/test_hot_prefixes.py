@@ -187,3 +187,30 @@ def test_bad_cache_set_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-un
         load_cache_set(str(bad))
     msg = str(e.value)
     assert "colour: unknown key" in msg and "workloads" in msg
+
+
+def test_replicates_run_every_policy_on_the_same_streams_and_report_their_means() -> None:
+    from vertumnus.sim.cache_eval import CacheEvalResult, CacheTask, replicate_seed, verdicts
+
+    assert replicate_seed(3001, 0) == 3001 and replicate_seed(3001, 2) == 3001002
+    res = CacheEvalResult("s", "c", "calibrated", {"G": 10}, 1, 0.9)
+
+    def fig(p90: float, slo: float, lost: int = 0) -> dict[str, float | int]:
+        return {"p90_ttft_s": p90, "slo_attainment_token_weighted": slo, "mean_ttft_s": p90 / 2,
+                "rejected": lost, "failed": 0, "unfinished": 0}  # fmt: skip
+
+    # two streams: norepl P90 1.0 / 3.0 (mean 2.0), queue_aware 0.8 / 2.4 (mean 1.6): −20% on the means,
+    # −20% on each stream; the SLO mean (0.96, 0.86) → 0.91 meets a 0.9 target
+    for mode in ("fixed", "controller"):
+        for k, (b, a, slo) in enumerate([(1.0, 0.8, 0.96), (3.0, 2.4, 0.86)]):
+            res.runs[CacheTask("s", "c", "w", "G", 1.0, mode, "norepl", k)] = fig(b, slo)
+            res.runs[CacheTask("s", "c", "w", "G", 1.0, mode, "queue_aware", k)] = fig(a, slo, lost=k)
+            res.runs[CacheTask("s", "c", "w", "G", 1.0, mode, "rules", k)] = fig(b * 1.1 if k else b * 0.9, slo)
+    mean = res.run("w", "G", 1.0, "fixed", "queue_aware")
+    assert mean["p90_ttft_s"] == pytest.approx(1.6) and mean["rejected"] == 1  # lost requests are summed
+    assert res.run("w", "G", 1.0, "fixed", "norepl")["slo_attainment_token_weighted"] == pytest.approx(0.91)
+    assert res.spread("w", "G", 1.0, "fixed", "queue_aware") == pytest.approx((-0.2, -0.2))
+    assert res.spread("w", "G", 1.0, "fixed", "rules") == pytest.approx((-0.1, 0.1))
+    qa = next(v for v in verdicts(res, [1.0], ["w"]) if v.policy == "queue_aware" and v.mode == "fixed")
+    assert qa.slo_load == 1.0 and qa.p90_at_slo_load == pytest.approx(-0.2) and qa.lost == 1 and not qa.passed
+    assert qa.slo_range == pytest.approx((-0.2, -0.2)) and qa.worst_load == 1.0

@@ -9,6 +9,13 @@ set's fixed composition with the controller off, and again with the controller o
 composition). Verdict per (workload, capacity, mode, policy), as the issue states it: P90 TTFT ≥ 10% below
 ``norepl`` at the highest load where ``norepl`` still meets the SLO target, and never more than 1% above it at any
 load.
+
+Replicates: with ``replicates: R`` in the set, every point is run on R independent request streams (the
+workload's seed, then seed·1000 + k for k = 1..R−1), every policy on the same R streams, and a point's figures are
+the means over the replicates (the verdict compares those means). One stream is not enough where the pool is at or
+past its capacity: there a handful of different early decisions changes every later queue, and one policy's P90 moves
+by ±20% against another's from one stream to the next (measured on the tuning set, docs/results.md), far more than
+the 1% the verdict resolves. :meth:`CacheEvalResult.spread` gives the per-replicate range of ΔP90.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ POLICIES = ("norepl", "rules", "queue_aware")
 MODES = ("fixed", "controller")
 P90_GAIN = 0.10  # P90 at least this much lower at the highest load that meets the SLO
 P90_SLACK = 0.01  # and never more than this much higher at any load
+LOST = ("rejected", "failed", "unfinished")
 METRICS = (
     "mean_ttft_s", "p90_ttft_s", "p99_ttft_s", "slo_attainment_token_weighted", "prefix_hit_rate_tokens",
     "replications", "reclamations", "copied_blocks", "evicted_blocks", "rejected", "failed", "unfinished",
@@ -73,6 +81,7 @@ class CacheEvalSet(_Strict):
     loads: tuple[float, ...] = Field(min_length=1)
     memory: Memory
     workloads: tuple[CacheWorkload, ...] = Field(min_length=1)
+    replicates: int = Field(1, ge=1, le=20, description="Independent request streams per point (module docstring).")
     source: str = ""
 
     @model_validator(mode="after")
@@ -112,6 +121,12 @@ class CacheTask:
     load: float
     mode: str
     policy: str
+    replicate: int = 0
+
+
+def replicate_seed(seed: int, replicate: int) -> int:
+    """The request-stream seed of replicate ``replicate`` (0: the workload's own seed)."""
+    return seed if replicate == 0 else seed * 1000 + replicate
 
 
 @lru_cache(maxsize=4)
@@ -121,12 +136,13 @@ def _context(set_path: str, config: str) -> tuple[CacheEvalSet, VertumnusConfig,
 
 
 @lru_cache(maxsize=2)
-def _requests(set_path: str, config: str, workload: str, load: float) -> Generated:
+def _requests(set_path: str, config: str, workload: str, load: float, replicate: int = 0) -> Generated:
     es, cfg, cost = _context(set_path, config)
     w = next(x for x in es.workloads if x.name == workload)
     pool = load_pool({n: resolve(es.traces[n]) for n in w.traces}, es.requests, cfg, cost)
     phase = LoadPhase(w.duration_s, load, w.long_share, label=f"load {load:g}")
-    return generate(f"{w.name}@{load:g}", [phase], pool, w.seed, cfg, w.hot_prefixes, cost)
+    seed = replicate_seed(w.seed, replicate)
+    return generate(f"{w.name}@{load:g}", [phase], pool, seed, cfg, w.hot_prefixes, cost)
 
 
 def run_config(es: CacheEvalSet, cfg: VertumnusConfig, task: CacheTask) -> VertumnusConfig:
@@ -144,7 +160,7 @@ def run_config(es: CacheEvalSet, cfg: VertumnusConfig, task: CacheTask) -> Vertu
 def run_task(task: CacheTask) -> dict[str, Any]:
     """One simulation; the :data:`METRICS` of its summary."""
     es, cfg, cost = _context(task.set_path, task.config)
-    gen = _requests(task.set_path, task.config, task.workload, task.load)
+    gen = _requests(task.set_path, task.config, task.workload, task.load, task.replicate)
     run_cfg = run_config(es, cfg, task)
     s = run_policy(gen.requests, run_cfg, cost, "vertumnus").summary
     out = {k: s.get(k) for k in METRICS}
@@ -162,16 +178,46 @@ class CacheEvalResult:
     slo_target: float
     runs: dict[CacheTask, dict[str, Any]] = field(default_factory=dict)
 
+    def replicas(self, workload: str, gpu: str, load: float, mode: str, policy: str) -> list[dict[str, Any]]:
+        """The point's runs, one per replicate, in replicate order."""
+        key = (workload, gpu, load, mode, policy)
+        found = sorted((t.replicate, r) for t, r in self.runs.items()
+                       if (t.workload, t.gpu, t.load, t.mode, t.policy) == key)  # fmt: skip
+        if not found:
+            raise KeyError(f"no run of {key}")
+        return [r for _, r in found]
+
     def run(self, workload: str, gpu: str, load: float, mode: str, policy: str) -> dict[str, Any]:
-        return self.runs[next(t for t in self.runs if (t.workload, t.gpu, t.load, t.mode, t.policy) ==
-                              (workload, gpu, load, mode, policy))]  # fmt: skip
+        """The point's figures: each metric's mean over the replicates (lost requests: their sum)."""
+        reps = self.replicas(workload, gpu, load, mode, policy)
+        if len(reps) == 1:
+            return reps[0]
+        out: dict[str, Any] = {}
+        for k in reps[0]:
+            vals = [float(v) for r in reps if (v := r.get(k)) is not None]
+            if len(vals) < len(reps):
+                out[k] = None  # a metric some replicate lacks has no mean
+            elif k in LOST:
+                out[k] = int(sum(vals))
+            else:
+                out[k] = sum(vals) / len(vals)
+        return out
+
+    def spread(self, workload: str, gpu: str, load: float, mode: str, policy: str) -> tuple[float, float]:
+        """Smallest and largest per-replicate relative P90 change against ``norepl`` (nan if none)."""
+        a = self.replicas(workload, gpu, load, mode, policy)
+        b = self.replicas(workload, gpu, load, mode, "norepl")
+        rel = [_rel(x["p90_ttft_s"], y["p90_ttft_s"]) for x, y in zip(a, b, strict=True)]
+        rel = [x for x in rel if math.isfinite(x)]
+        return (min(rel), max(rel)) if rel else (math.nan, math.nan)
 
 
 def tasks_of(set_path: str, config: str) -> list[CacheTask]:
     es, _, _ = _context(set_path, config)
     return [
-        CacheTask(set_path, config, w.name, gpu, load, mode, pol)
+        CacheTask(set_path, config, w.name, gpu, load, mode, pol, k)
         for w in es.workloads for load in es.loads for gpu in es.memory.gpus for mode in MODES for pol in POLICIES
+        for k in range(es.replicates)
     ]  # fmt: skip
 
 
@@ -211,6 +257,9 @@ class Verdict:
     p90_at_slo_load: float | None  # relative P90 change there
     worst_p90: float  # largest relative P90 change over all loads
     lost: int
+    worst_load: float = math.nan  # the load of worst_p90
+    slo_range: tuple[float, float] = (math.nan, math.nan)  # per-replicate ΔP90 range at slo_load
+    worst_range: tuple[float, float] = (math.nan, math.nan)  # ... at worst_load
 
     @property
     def passed(self) -> bool:
@@ -239,7 +288,12 @@ def verdicts(res: CacheEvalResult, loads: Sequence[float], workloads: Sequence[s
                 for pol in POLICIES[1:]:
                     runs = {x: res.run(w, gpu, x, mode, pol) for x in loads}
                     rel = {x: _rel(runs[x]["p90_ttft_s"], base[x]["p90_ttft_s"]) for x in loads}
-                    lost = sum(int(r[k] or 0) for r in runs.values() for k in ("rejected", "failed", "unfinished"))
-                    out.append(Verdict(w, gpu, mode, pol, top, rel[top] if top is not None else None,
-                                       max(rel.values()), lost))  # fmt: skip
+                    lost = sum(int(r[k] or 0) for r in runs.values() for k in LOST)
+                    worst = max(loads, key=lambda x: (rel[x] if math.isfinite(rel[x]) else -math.inf, x))
+                    v = Verdict(w, gpu, mode, pol, top, rel[top] if top is not None else None, max(rel.values()),
+                                lost, worst)  # fmt: skip
+                    v.worst_range = res.spread(w, gpu, worst, mode, pol)
+                    if top is not None:
+                        v.slo_range = res.spread(w, gpu, top, mode, pol)
+                    out.append(v)
     return out
