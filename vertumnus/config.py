@@ -218,7 +218,7 @@ class CacheConfig(_Section):
     intra_node_gbps: float = Field(400.0, gt=0, description="Intra-node copy bandwidth, GB/s.")
     inter_node_gbps: float = Field(50.0, gt=0, description="Inter-node copy bandwidth, GB/s.")
     hot_min_blocks: int = Field(
-        8,
+        6,
         ge=1,
         description="queue_aware: shortest prefix (blocks) worth a fetch or a copy (chosen on the cache "
         "ablation's tuning set: configs/eval/cache-tuning.yaml).",
