@@ -40,6 +40,9 @@ HEALTH_ENV = {
     "RAY_health_check_timeout_ms": "1000",
     "RAY_health_check_failure_threshold": "4",
 }
+# every node: Ray workers at nice 0 (Ray's default 15 lets any nice-0 process starve the rank actors), as
+# docs/serving.md tells operators to start their nodes
+NODE_ENV = {"RAY_worker_niceness": "0"}
 
 
 def free_port() -> int:
@@ -163,7 +166,7 @@ class RayCluster:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": self.temp_dir}
-        self.env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)})
+        self.env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), **NODE_ENV})
         for k in ("RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
             self.env.pop(k, None)
         self.nodes: dict[str, RayNode] = {}

@@ -109,6 +109,15 @@ async def _until(h: httpx.AsyncClient, path: str, pred: Any, what: str) -> Any:
         await asyncio.sleep(0.02)
 
 
+def test_rank_actors_run_at_the_servers_priority(crash: Server, pids: RankPids) -> None:
+    """Ray starts its workers at nice 15 by default; the rank actors are the engine, so the cluster the server
+    starts runs them at nice 0 (otherwise any nice-0 CPU-bound process starves a replacement rank's start)."""
+    ranks = pids.by_rank()
+    assert sorted(ranks) == [0, 1, 2, 3]
+    assert {r: os.getpriority(os.PRIO_PROCESS, pid) for r, (_, pid) in ranks.items()} == {r: 0 for r in ranks}
+    assert os.getpriority(os.PRIO_PROCESS, crash.proc.pid) == 0
+
+
 def test_sigkill_of_a_rank_of_the_only_worker_is_recovered_and_health_tells_the_truth(
     crash: Server, pids: RankPids
 ) -> None:

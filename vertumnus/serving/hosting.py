@@ -99,6 +99,11 @@ class RayHosting:
             ray.shutdown()
 
 
+# Scheduling priority of the Ray workers (rank and decode actors) of a cluster Vertumnus starts: the server's own.
+# A cluster Vertumnus joins sets it at `ray start` (env RAY_worker_niceness=0; docs/serving.md).
+WORKER_NICENESS = 0
+
+
 def start_hosting(cfg: VertumnusConfig, address: str | None = None, timeout_s: float = 300.0) -> RayHosting:
     """Start (or join) Ray and reserve the pool's placement groups; ValueError when the cluster cannot hold
     them (e.g. fewer GPUs than ``pool.nodes × pool.gpus_per_node``)."""
@@ -119,6 +124,10 @@ def start_hosting(cfg: VertumnusConfig, address: str | None = None, timeout_s: f
                 _temp_dir=temp_dir,
                 log_to_driver=False,
                 configure_logging=False,
+                # Ray starts its workers at nice 15 by default; the rank actors *are* the engine, so any nice-0
+                # process on the host (the server itself, a tokenizer, a batch job) could starve them: beside two
+                # nice-0 CPU-bound processes on 2 cores, a replacement rank did not finish starting in 120 s.
+                _system_config={"worker_niceness": WORKER_NICENESS},
             )
             started = True
             log.info("local Ray cluster started; logs under %s", temp_dir)
