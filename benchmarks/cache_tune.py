@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     values: list[float | None] = [float(v) for v in a.values.split(",") if v] if a.key else [None]
     es, cfg, cost = _context(a.set, a.config)
     reps = range(a.replicates or es.replicates)
-    points = [(w.name, gpu, load, mode, k) for w in es.workloads for load in es.loads for gpu in es.memory.gpus
-              for mode in ("fixed", "controller") for k in reps]  # fmt: skip
+    # stream-major (workload, load, replicate) so consecutive runs share _requests' cached stream
+    points = [(w.name, gpu, load, mode, k) for w in es.workloads for load in es.loads for k in reps
+              for gpu in es.memory.gpus for mode in ("fixed", "controller")]  # fmt: skip
     base = [(CacheTask(a.set, a.config, w, g, x, m, "norepl", k), None, None) for (w, g, x, m, k) in points]
     jobs: list[tuple[CacheTask, str | None, float | None]] = list(base)
     jobs += [(CacheTask(a.set, a.config, w, g, x, m, "queue_aware", k), a.key, v)

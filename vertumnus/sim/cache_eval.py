@@ -214,10 +214,12 @@ class CacheEvalResult:
 
 def tasks_of(set_path: str, config: str) -> list[CacheTask]:
     es, _, _ = _context(set_path, config)
+    # one request stream per (workload, load, replicate): consecutive tasks share it, so _requests' small cache
+    # generates each stream once per worker process
     return [
         CacheTask(set_path, config, w.name, gpu, load, mode, pol, k)
-        for w in es.workloads for load in es.loads for gpu in es.memory.gpus for mode in MODES for pol in POLICIES
-        for k in range(es.replicates)
+        for w in es.workloads for load in es.loads for k in range(es.replicates) for gpu in es.memory.gpus
+        for mode in MODES for pol in POLICIES
     ]  # fmt: skip
 
 
