@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from vertumnus.cli.main import main
+from vertumnus.sim.eval_report import markdown_summary
 from vertumnus.sim.eval_set import load_eval_set
-from vertumnus.sim.evaluate import STATIC, EvalResult, RunDigest, all_compositions, derive, evaluate
+from vertumnus.sim.evaluate import STATIC, EvalResult, RunDigest, all_compositions, derive, evaluate, mean_digest
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.phase_stats import phase_summaries
 from vertumnus.sim.runner import run_policy
@@ -225,3 +226,69 @@ def test_process_pool_gives_the_same_verdicts_as_one_process(tmp_path: Path) -> 
         return js
 
     assert numbers(one) == numbers(two)
+
+
+def test_mean_digest_averages_figures_and_sums_counts() -> None:
+    a = RunDigest("p", "c", {"mean_ttft_s": 0.2, "p90_ttft_s": 0.5, "rejected": 1, "failed": 0, "unfinished": 0,
+                             "requests": 10, "final_composition": "10xCP4", "reconfigurations": 3},
+                  [{"requests": 6, "mean_ttft_s": 0.1}, {"requests": 4, "mean_ttft_s": 0.3}])  # fmt: skip
+    b = RunDigest("p", "c", {"mean_ttft_s": 0.4, "p90_ttft_s": None, "rejected": 0, "failed": 2, "unfinished": 0,
+                             "requests": 12, "final_composition": "5xCP8", "reconfigurations": 4},
+                  [{"requests": 7, "mean_ttft_s": 0.2}, {"requests": 5, "mean_ttft_s": 0.5}])  # fmt: skip
+    m = mean_digest([a, b])
+    assert m.mean == pytest.approx(0.3) and m.p90 == math.inf  # a stream with no P90 leaves no mean P90
+    assert m.lost == 3 and m.summary["requests"] == 22 and m.summary["replicates"] == 2
+    assert m.summary["reconfigurations"] == pytest.approx(3.5) and m.summary["final_composition"] == "10xCP4"
+    assert m.phases == [{"requests": 13, "mean_ttft_s": pytest.approx(0.15)},
+                        {"requests": 9, "mean_ttft_s": pytest.approx(0.4)}]  # fmt: skip
+    assert mean_digest([a]).summary == {**a.summary, "replicates": 1}
+    with pytest.raises(ValueError, match="at least one"):
+        mean_digest([])
+
+
+def test_replicates_run_every_composition_on_the_same_streams_and_report_means(cli: Cli, tmp_path: Path) -> None:
+    params = {"high": {"load": 0.7, "long_share": 0.05}, "low": {"load": 0.3, "long_share": 0.3}, "high_s": 8,
+              "low_s": 8, "phases": 2}  # fmt: skip
+    set_path = _tiny_set(tmp_path, params=params)
+    data = yaml.safe_load(set_path.read_text())
+    data["replicates"] = 2
+    set_path.write_text(yaml.safe_dump(data))
+    calls: list[tuple[str, str, int]] = []
+    res = evaluate(str(set_path), CONFIG, progress=lambda d, t, task: calls.append((task.policy, task.composition,
+                                                                                    task.replicate)))  # fmt: skip
+    cfg = load_sim_config(CONFIG)
+    comps = all_compositions(cfg)
+    # every run on both streams, the policy and every fixed composition alike
+    assert sorted(calls) == sorted([(p, c, k) for k in (0, 1) for p, c in [("vertumnus", "6xCP4+2xCP8"),
+                                    *((STATIC, c) for c in comps)]])  # fmt: skip
+    assert res.replicates == 2 and "mean over 2 request streams" in markdown_summary(res)
+    (w,) = res.workloads
+    es, cost = load_eval_set(str(set_path)), load_cost(cfg)
+    gens = [es.generate("tiny", cfg, cost, k) for k in (0, 1)]
+    assert [r.arrival_s for r in gens[0].requests] != [r.arrival_s for r in gens[1].requests]  # distinct streams
+    direct = [run_policy(g.requests, cfg, cost, STATIC, "6xCP4+2xCP8") for g in gens]
+    start = w.fixed["6xCP4+2xCP8"]
+    assert start.mean == pytest.approx(sum(d.summary["mean_ttft_s"] for d in direct) / 2)
+    assert start.p90 == pytest.approx(sum(d.summary["p90_ttft_s"] for d in direct) / 2)
+    assert start.summary["requests"] == sum(len(g.requests) for g in gens)
+    assert [ph["requests"] for ph in start.phases] == [
+        sum(ps) for ps in zip(*([s["requests"] for s in phase_summaries(d.arrays, g.bounds)]
+                                for d, g in zip(direct, gens, strict=True)), strict=True)
+    ]  # fmt: skip
+    pol = [run_policy(g.requests, cfg, cost, "vertumnus", "6xCP4+2xCP8") for g in gens]
+    assert w.policy.mean == pytest.approx(sum(p.summary["mean_ttft_s"] for p in pol) / 2)
+    assert w.verdict.ratio_start == pytest.approx(w.policy.mean / start.mean)
+    # --replicates overrides the set's count: one stream is stream 0 alone
+    out = tmp_path / "one"
+    r = cli("evaluate", "--set", str(set_path), "--replicates", "1", "--out", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    one = json.loads((out / "evaluation.json").read_text())
+    assert one["replicates"] == 1
+    assert one["workloads"][0]["fixed"]["6xCP4+2xCP8"]["summary"]["mean_ttft_s"] == pytest.approx(
+        direct[0].summary["mean_ttft_s"]
+    )
+    bad = cli("evaluate", "--set", str(set_path), "--replicates", "0")  # typer's own range check
+    assert bad.returncode == 2 and "--replicates" in bad.stderr and "Traceback" not in bad.stderr
+    data["replicates"] = 0
+    (tmp_path / "zero.yaml").write_text(yaml.safe_dump(data))  # a new path: sets are cached per path
+    _fails_cleanly(cli("evaluate", "--set", str(tmp_path / "zero.yaml")), "replicates")

@@ -25,6 +25,14 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         ),
         workload: list[str] = typer.Option([], "--workload", "-w", help="Only these workloads (repeatable)."),
         jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="Simulations run in parallel (processes)."),
+        replicates: int | None = typer.Option(
+            None,
+            "--replicates",
+            "-r",
+            min=1,
+            max=20,
+            help="Request streams per run (figures are their means; default: the set's `replicates`).",
+        ),
         sweep: list[str] = typer.Option(
             [], "--sweep", help="Sensitivity: KEY=V1,V2 (controller key unless dotted), a bare KEY, or 'auto'."
         ),
@@ -42,6 +50,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         def tick(done: int, total: int, task: Task) -> None:
             if progress:
                 what = f"{task.policy} {task.composition}" + (f" {dict(task.overrides)}" if task.overrides else "")
+                what += f" stream {task.replicate}" if task.replicate else ""
                 typer.echo(f"  [{done}/{total}] {task.workload}: {what} ({time.perf_counter() - t0:.0f} s)", err=True)
 
         if sweep:
@@ -50,9 +59,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             from vertumnus.sim.sensitivity import parse_sweep, plot_sweep
             from vertumnus.sim.sensitivity import sweep as run_sweep
 
-            p = plan(set_path, config, policy, start, workload or None)
+            p = plan(set_path, config, policy, start, workload or None, replicates)
             grid = parse_sweep(sweep, p.cfg)
-            sw = run_sweep(set_path, config, grid, policy, start, jobs, tick, workload or None)
+            sw = run_sweep(set_path, config, grid, policy, start, jobs, tick, workload or None, replicates)
             paths = write_outputs(sw.base, out)
             (out / "sensitivity.json").write_text(json.dumps(sw.points, indent=1, default=str) + "\n")
             (out / "sensitivity.md").write_text(sensitivity_table(sw.points))
@@ -62,7 +71,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             typer.echo(sensitivity_table(sw.points), nl=False)
             typer.echo(f"wrote {', '.join(str(x) for x in paths)}, {out}/sensitivity.json, {fig}")
             return
-        res = evaluate(set_path, config, policy, start, jobs, workload or None, tick)
+        res = evaluate(set_path, config, policy, start, jobs, workload or None, tick, replicates)
         paths = write_outputs(res, out)
         if sys.stdout.isatty():
             print_table(res)

@@ -36,7 +36,7 @@ from vertumnus.sim.eval_set import load_set
 from vertumnus.sim.inputs import load_cost, load_sim_config, resolve
 from vertumnus.sim.kv_capacity import kv_blocks_per_gpu
 from vertumnus.sim.policies import normalise_composition
-from vertumnus.sim.protocol import Generated, HotPrefixes, LoadPhase, generate, load_pool
+from vertumnus.sim.protocol import Generated, HotPrefixes, LoadPhase, generate, load_pool, replicate_seed
 from vertumnus.sim.runner import run_policy
 
 POLICIES = ("norepl", "rules", "queue_aware")
@@ -122,11 +122,6 @@ class CacheTask:
     mode: str
     policy: str
     replicate: int = 0
-
-
-def replicate_seed(seed: int, replicate: int) -> int:
-    """The request-stream seed of replicate ``replicate`` (0: the workload's own seed)."""
-    return seed if replicate == 0 else seed * 1000 + replicate
 
 
 @lru_cache(maxsize=4)

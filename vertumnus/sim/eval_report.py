@@ -40,12 +40,17 @@ def _done(w: WorkloadResult) -> str:
     return "no: " + ", ".join(FLAG_TITLES[k] for k, ok in w.verdict.flags.items() if not ok)
 
 
+def _count(x: float) -> str:
+    """A count, or a mean of counts over replicate streams (one decimal)."""
+    return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
+
+
 def row(w: WorkloadResult) -> list[str]:
     """One workload's cells of :data:`HEAD`."""
     v, p = w.verdict, w.policy
     best = w.fixed[v.best_fixed]
     return [
-        w.name, w.start, _s(p.mean), str(p.summary.get("reconfigurations", 0)),
+        w.name, w.start, _s(p.mean), _count(p.summary.get("reconfigurations") or 0),
         f"{v.best_fixed} {_s(v.best_mean)}", _r(v.ratio_best), _s(v.start_mean), _r(v.ratio_start),
         _s(v.oracle_mean), _r(v.ratio_oracle), f"{_s(p.p90)} / {_s(best.p90)}", f"{_pct(p.slo)} / {_pct(best.slo)}",
         str(p.lost), _done(w),
@@ -59,6 +64,7 @@ def verdict_line(res: EvalResult) -> str:
         f"{res.passed}/{n} workloads meet every criterion; geometric mean over the workloads of mean TTFT ÷ best "
         f"fixed {_r(res.geomean('ratio_best'))}, ÷ start held fixed {_r(res.geomean('ratio_start'))}, ÷ per-phase "
         f"oracle {_r(res.geomean('ratio_oracle'))}."
+        + (f" Every figure is the mean over {res.replicates} request streams per run." if res.replicates > 1 else "")
     )
 
 

@@ -50,6 +50,12 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _streams(s: EvalSet) -> str:
+    if s.replicates == 1:
+        return " (one request stream per workload)"
+    return f" ({s.replicates} request streams per workload: seed, then seed·1000+1 … +{s.replicates - 1}; means)"
+
+
 def protocol_text(test: EvalSet, tuning: EvalSet | None) -> str:
     """The protocol in prose (from the generator's docstring) and the test set's workloads."""
     doc = (PROTOCOL_DOC or "").split("\n\n", 1)[1].strip()
@@ -57,8 +63,9 @@ def protocol_text(test: EvalSet, tuning: EvalSet | None) -> str:
     if tuning is not None:
         out.append(
             f"**Split.** Tuning set `{tuning.source}`: requests {tuning.requests[0]:g}–{tuning.requests[1]:g} of each "
-            f"trace, seeds {', '.join(str(w.seed) for w in tuning.workloads)}; test set `{test.source}`: requests "
-            f"{test.requests[0]:g}–{test.requests[1]:g}, seeds {', '.join(str(w.seed) for w in test.workloads)}. "
+            f"trace, seeds {', '.join(str(w.seed) for w in tuning.workloads)}{_streams(tuning)}; test set "
+            f"`{test.source}`: requests {test.requests[0]:g}–{test.requests[1]:g}, seeds "
+            f"{', '.join(str(w.seed) for w in test.workloads)}{_streams(test)}. "
             "Thresholds and learned parameters are chosen on the tuning set only; this section reports the test "
             "set. No workload shape (pattern and parameters) is in both sets.\n"
         )

@@ -7,10 +7,17 @@ Schema::
     traces: {conversation: ../shared/traces/conversation_first15min.jsonl, synthetic: ...}
     requests: [0.5, 1.0]          # fraction range of each trace's requests (arrival order) this set draws from
     start: 4xCP4+3xCP8            # default starting composition of the adaptive policy
+    replicates: 3                 # optional (default 1): independent request streams per workload, see below
     workloads:
       - {name: alt-a, pattern: alternating, seed: 1001, traces: [conversation], start: 6xCP4+2xCP8,
          params: {...},           # params: see vertumnus.sim.protocol (one model per pattern)
          hot_prefixes: {count: 16, min_tokens: 2048, max_tokens: 8192, share: 0.6, zipf: 1.0}}  # optional
+
+Replicates: with ``replicates: R`` every run (the policy and each fixed composition) is repeated on R independent
+request streams of the workload (seeds: the workload's own, then seed·1000+k), all policies on the same streams;
+the evaluation's figures are the means over them (:func:`vertumnus.sim.evaluate.mean_digest`). One stream decides a
+controller threshold by noise: on the tuning set the geometric-mean ratio to the best fixed composition moved by
+1–3% from one stream to the next, as much as the settings being compared differed.
 
 Validated on load (pydantic; unknown keys, unknown patterns and bad pattern parameters are errors naming the
 workload). Trace paths are relative to the repository root unless absolute or present from the CWD.
@@ -27,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from vertumnus.config import VertumnusConfig
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.sim.inputs import resolve
-from vertumnus.sim.protocol import Generated, HotPrefixes, LoadPhase, build_phases, generate, load_pool
+from vertumnus.sim.protocol import Generated, HotPrefixes, LoadPhase, build_phases, generate, load_pool, replicate_seed
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -64,6 +71,7 @@ class EvalSet(BaseModel):
     traces: dict[str, str] = Field(min_length=1)
     requests: tuple[float, float]
     start: str = "4xCP4+3xCP8"
+    replicates: int = Field(1, ge=1, le=20, description="Independent request streams per run (module docstring).")
     workloads: tuple[WorkloadSpec, ...] = Field(min_length=1)
     source: str = ""  # the YAML file (set by load_eval_set)
 
@@ -99,11 +107,13 @@ class EvalSet(BaseModel):
             raise ValueError(f"set {self.name!r}: trace file(s) not found: {', '.join(missing)}")
         return paths
 
-    def generate(self, name: str, cfg: VertumnusConfig, cost: CostModel) -> Generated:
-        """The requests of workload ``name`` under ``cfg`` / ``cost`` (the load → rate rule uses both)."""
+    def generate(self, name: str, cfg: VertumnusConfig, cost: CostModel, replicate: int = 0) -> Generated:
+        """The requests of workload ``name`` under ``cfg`` / ``cost`` (the load → rate rule uses both), drawn
+        with replicate ``replicate``'s seed (0: the workload's own; any k ≥ 0, so a caller may run more streams
+        than the set's ``replicates``)."""
         w = self.workload(name)
         pool = load_pool(self.trace_paths(w.traces), self.requests, cfg, cost)
-        return generate(w.name, w.phases(), pool, w.seed, cfg, w.hot_prefixes, cost)
+        return generate(w.name, w.phases(), pool, replicate_seed(w.seed, replicate), cfg, w.hot_prefixes, cost)
 
 
 def load_set(path: str | Path, model: type[_M], what: str) -> _M:

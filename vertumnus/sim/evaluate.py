@@ -13,7 +13,9 @@ routing and cache manager). From those per-run numbers (:func:`derive`):
   token-weighted SLO attainment ≥ best fixed's, zero lost requests (rejected + failed + unfinished).
 
 Runs are independent tasks (a process pool with ``jobs`` > 1); each task regenerates its workload from the set
-file, so only small digests cross process boundaries.
+file, so only small digests cross process boundaries. A set with ``replicates: R`` runs every task on R request
+streams; :func:`mean_digest` folds them into one digest per (workload, policy, composition) before anything above
+is derived, so every figure is a mean over the streams and all policies are compared on the same streams.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -61,7 +63,7 @@ class RunDigest:
     @property
     def lost(self) -> int:
         s = self.summary
-        return int(s.get("rejected", 0) + s.get("failed", 0) + s.get("unfinished", 0))
+        return int(sum(s.get(k) or 0 for k in LOST_KEYS))
 
     @property
     def mean(self) -> float:
@@ -75,6 +77,44 @@ class RunDigest:
     def slo(self) -> float:
         v = self.summary.get("slo_attainment_token_weighted")
         return 0.0 if v is None else float(v)
+
+
+LOST_KEYS = ("rejected", "failed", "unfinished")
+
+
+def mean_digest(runs: Sequence[RunDigest]) -> RunDigest:
+    """One digest for the replicate runs of one (workload, policy, composition).
+
+    Each numeric figure is its mean over the runs; request counts and lost requests (rejected, failed,
+    unfinished) are sums, so nothing lost on any stream disappears in a mean; a figure some run lacks (no
+    completed request) is None; text (compositions) is the first run's. ``summary["replicates"]`` = len(runs)."""
+    if not runs:
+        raise ValueError("mean_digest needs at least one run")
+    first = runs[0]
+    if len(runs) == 1:
+        return RunDigest(first.policy, first.composition, {**first.summary, "replicates": 1}, first.phases)
+    if any(len(r.phases) != len(first.phases) for r in runs):
+        raise ValueError("replicate runs have different phase counts")
+
+    def fold(dicts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v0 in dicts[0].items():
+            vals = [d.get(k) for d in dicts]
+            nums = [float(v) for v in vals if isinstance(v, (int, float))]
+            if not isinstance(v0, (int, float)) or isinstance(v0, bool):
+                out[k] = v0
+            elif len(nums) < len(vals):
+                out[k] = None
+            elif k in ("requests", "completed", *LOST_KEYS):
+                out[k] = int(sum(nums))
+            else:
+                out[k] = sum(nums) / len(nums)
+        return out
+
+    summary = fold([r.summary for r in runs])
+    summary["replicates"] = len(runs)
+    phases = [fold([r.phases[k] for r in runs]) for k in range(len(first.phases))]
+    return RunDigest(first.policy, first.composition, summary, phases)
 
 
 def _num(v: Any) -> float:
@@ -184,6 +224,7 @@ class EvalResult:
     policy: str
     overrides: Overrides
     workloads: list[WorkloadResult] = field(default_factory=list)
+    replicates: int = 1  # request streams each figure is the mean over
 
     def geomean(self, attr: str) -> float:
         """Geometric mean of a verdict ratio over the workloads (``ratio_best``, ``ratio_start``, ...)."""
@@ -199,7 +240,7 @@ class EvalResult:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "set": self.set_name, "set_source": self.set_source, "config": self.config, "profile": self.profile,
-            "policy": self.policy, "overrides": dict(self.overrides),
+            "policy": self.policy, "overrides": dict(self.overrides), "replicates": self.replicates,
             "geomean_ratio_best": self.geomean("ratio_best"), "geomean_ratio_start": self.geomean("ratio_start"),
             "geomean_ratio_oracle": self.geomean("ratio_oracle"),
             "passed": self.passed, "workloads": [],
@@ -209,7 +250,7 @@ class EvalResult:
             d["verdict"]["passed"] = w.verdict.passed
             d["policy"]["lost"] = w.policy.lost
             for r in d["fixed"].values():
-                r["lost"] = sum(r["summary"].get(k, 0) for k in ("rejected", "failed", "unfinished"))
+                r["lost"] = sum(r["summary"].get(k) or 0 for k in LOST_KEYS)
             out["workloads"].append(d)
         return _finite(out)
 
@@ -263,6 +304,7 @@ class Task:
     policy: str
     composition: str
     overrides: Overrides = ()
+    replicate: int = 0  # request stream (eval_set module docstring)
 
 
 @lru_cache(maxsize=4)
@@ -272,17 +314,17 @@ def _context(set_path: str, config: str) -> tuple[EvalSet, VertumnusConfig, Cost
 
 
 @lru_cache(maxsize=2)
-def _workload(set_path: str, config: str, name: str) -> Generated:
+def _workload(set_path: str, config: str, name: str, replicate: int = 0) -> Generated:
     # The workload is defined by the base config (its cost model and pool size set the rates); overrides only
     # change how the policy runs, so a sensitivity sweep compares runs on identical requests.
     es, cfg, cost = _context(set_path, config)
-    return es.generate(name, cfg, cost)
+    return es.generate(name, cfg, cost, replicate)
 
 
 def run_task(task: Task) -> RunDigest:
     """Run one task (in this process or a pool worker)."""
     _, cfg, cost = _context(task.set_path, task.config)
-    gen = _workload(task.set_path, task.config, task.workload)
+    gen = _workload(task.set_path, task.config, task.workload, task.replicate)
     run_cfg = apply_overrides(cfg, task.overrides)
     result = run_policy(gen.requests, run_cfg, cost, task.policy, task.composition)
     summary = {k: result.summary.get(k) for k in SUMMARY_KEYS}
@@ -322,12 +364,16 @@ class Plan:
     workloads: list[str]
     starts: dict[str, str]
     compositions: list[str]
+    replicates: int  # request streams per run: the set's, unless the caller overrode it
 
 
 def plan(set_path: str, config: str, policy: str, start: str | None = None,
-         workloads: Iterable[str] | None = None) -> Plan:  # fmt: skip
-    """Load and check everything before any run: set, config, policy, compositions (ValueError on a problem)."""
+         workloads: Iterable[str] | None = None, replicates: int | None = None) -> Plan:  # fmt: skip
+    """Load and check everything before any run: set, config, policy, compositions (ValueError on a problem).
+    ``replicates``: request streams per run instead of the set's ``replicates``."""
     check_policy(policy)
+    if replicates is not None and not 1 <= replicates <= 20:
+        raise ValueError(f"replicates must be 1-20, got {replicates}")
     es, cfg, cost = _context(set_path, config)
     names = list(workloads) if workloads else [w.name for w in es.workloads]
     for n in names:
@@ -344,15 +390,33 @@ def plan(set_path: str, config: str, policy: str, start: str | None = None,
             raise ValueError(f"composition {starts[n]} is not reachable in the lattice ({', '.join(comps)})")
     for n in names:
         es.trace_paths(es.workload(n).traces)
-    return Plan(es, cfg, cost, names, starts, comps)
+    return Plan(es, cfg, cost, names, starts, comps, replicates or es.replicates)
 
 
 def fixed_tasks(p: Plan, set_path: str, config: str) -> list[Task]:
-    return [Task(set_path, config, n, STATIC, c) for n in p.workloads for c in p.compositions]
+    """``vertumnus-static`` on every composition, every workload, every replicate (stream-major per workload)."""
+    reps = range(p.replicates)
+    return [Task(set_path, config, n, STATIC, c, (), k) for n in p.workloads for k in reps for c in p.compositions]
 
 
 def policy_tasks(p: Plan, set_path: str, config: str, policy: str, overrides: Overrides = ()) -> list[Task]:
-    return [Task(set_path, config, n, policy, p.starts[n], overrides) for n in p.workloads]
+    """``policy`` from each workload's start composition, every replicate."""
+    reps = range(p.replicates)
+    return [Task(set_path, config, n, policy, p.starts[n], overrides, k) for n in p.workloads for k in reps]
+
+
+def merge_replicates(digests: Mapping[Task, RunDigest]) -> dict[Task, RunDigest]:
+    """Fold the replicate runs of each task into one :func:`mean_digest`, keyed by the task with replicate 0."""
+    groups: dict[Task, list[tuple[int, RunDigest]]] = {}
+    for t, d in digests.items():
+        groups.setdefault(replace(t, replicate=0), []).append((t.replicate, d))
+    return {t: mean_digest([d for _, d in sorted(runs, key=lambda x: x[0])]) for t, runs in groups.items()}
+
+
+def by_workload(tasks: Sequence[Task], order: Sequence[str]) -> list[Task]:
+    """Tasks of one workload and stream next to each other (a pool worker's cache holds two streams)."""
+    rank = {n: i for i, n in enumerate(order)}
+    return sorted(tasks, key=lambda t: (rank[t.workload], t.replicate))
 
 
 def assemble(
@@ -364,7 +428,8 @@ def assemble(
     overrides: Overrides = (),
 ) -> EvalResult:
     """Verdicts from finished runs (``fixed_runs`` keyed by (workload, composition))."""
-    res = EvalResult(p.eval_set.name, p.eval_set.source, config, p.cost.profile.source, policy, overrides)
+    res = EvalResult(p.eval_set.name, p.eval_set.source, config, p.cost.profile.source, policy, overrides,
+                     replicates=p.replicates)  # fmt: skip
     for n in p.workloads:
         spec = p.eval_set.workload(n)
         gen = _workload(p.eval_set.source, config, n)
@@ -388,14 +453,15 @@ def evaluate(
     jobs: int = 1,
     workloads: Iterable[str] | None = None,
     progress: Callable[[int, int, Task], None] | None = None,
+    replicates: int | None = None,
 ) -> EvalResult:
-    """Evaluate ``policy`` on the set under ``config`` (see the module docstring)."""
-    p = plan(set_path, config, policy, start, workloads)
+    """Evaluate ``policy`` on the set under ``config`` (see the module docstring); ``replicates`` overrides the
+    set's request streams per run."""
+    p = plan(set_path, config, policy, start, workloads, replicates)
     ft = fixed_tasks(p, set_path, config)
     pt = policy_tasks(p, set_path, config, policy)
-    # One workload's runs next to each other: a pool worker then regenerates few workloads (its cache holds two).
-    tasks = [t for n in p.workloads for t in (*(x for x in pt if x.workload == n), *(x for x in ft if x.workload == n))]
-    digests = dict(zip(tasks, run_tasks(tasks, jobs, progress), strict=True))
-    pol = {t.workload: digests[t] for t in pt}
-    fixed = {(t.workload, t.composition): digests[t] for t in ft}
+    tasks = by_workload([*pt, *ft], p.workloads)
+    merged = merge_replicates(dict(zip(tasks, run_tasks(tasks, jobs, progress), strict=True)))
+    pol = {t.workload: merged[t] for t in pt if t.replicate == 0}
+    fixed = {(t.workload, t.composition): merged[t] for t in ft if t.replicate == 0}
     return assemble(p, config, policy, pol, fixed)

@@ -525,6 +525,15 @@ def generate_records(
     return records, sources
 
 
+def replicate_seed(seed: int, replicate: int) -> int:
+    """The request-stream seed of replicate ``replicate`` of a workload seeded ``seed`` (0: the seed itself).
+
+    Evaluation sets with ``replicates: R`` run every point on R independent streams drawn with these seeds."""
+    if replicate < 0:
+        raise ValueError(f"replicate must be ≥ 0, got {replicate}")
+    return seed if replicate == 0 else seed * 1000 + replicate
+
+
 def generate(
     name: str,
     phases: Sequence[LoadPhase],

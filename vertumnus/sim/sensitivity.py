@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from vertumnus.sim.evaluate import (
     apply_overrides,
     assemble,
     fixed_tasks,
+    merge_replicates,
     plan,
     policy_tasks,
     run_tasks,
@@ -128,10 +129,12 @@ def sweep(
     jobs: int = 1,
     progress: Callable[[int, int, Task], None] | None = None,
     workloads: Sequence[str] | None = None,
+    replicates: int | None = None,
 ) -> SweepResult:
     """Run the sweep (see the module docstring); the config's own values are always included as the base.
-    ``workloads``: only these workloads of the set (a quick look; the verdict is over the set's workloads)."""
-    p = plan(set_path, config, policy, start, workloads)
+    ``workloads``: only these workloads of the set (a quick look; the verdict is over the set's workloads);
+    ``replicates``: request streams per run instead of the set's."""
+    p = plan(set_path, config, policy, start, workloads, replicates)
     base_values = {k: _get(p.cfg, k) for k in grid}
     settings: list[tuple[str, Any, Overrides]] = []
     notes: list[tuple[str, Any, str]] = []
@@ -150,15 +153,19 @@ def sweep(
     tagged += [(True, t) for t in policy_tasks(p, set_path, config, policy)]
     for key, _, ov in settings:
         if not key.startswith("controller."):
-            tagged += [(False, Task(t.set_path, t.config, t.workload, t.policy, t.composition, ov))
-                       for t in fixed_tasks(p, set_path, config)]  # fmt: skip
+            tagged += [(False, replace(t, overrides=ov)) for t in fixed_tasks(p, set_path, config)]
         tagged += [(True, t) for t in policy_tasks(p, set_path, config, policy, ov)]
     order = {n: i for i, n in enumerate(p.workloads)}
-    tagged.sort(key=lambda x: order[x[1].workload])  # stable: a workload's runs together (workers cache two)
-    digests = run_tasks([t for _, t in tagged], jobs, progress)
+    # stable: a workload's runs on one stream together (workers cache two streams)
+    tagged.sort(key=lambda x: (order[x[1].workload], x[1].replicate))
+    tasks = [t for _, t in tagged]
+    merged = merge_replicates(dict(zip(tasks, run_tasks(tasks, jobs, progress), strict=True)))
     fixed: dict[Overrides, dict[tuple[str, str], Any]] = {}
     pol: dict[Overrides, dict[str, Any]] = {}
-    for (is_policy, t), d in zip(tagged, digests, strict=True):
+    for is_policy, t in tagged:
+        if t.replicate:
+            continue
+        d = merged[t]
         if is_policy:
             pol.setdefault(t.overrides, {})[t.workload] = d
         else:
