@@ -14,7 +14,7 @@ import pytest
 
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
 from vertumnus.controller.lattice import Lattice
-from vertumnus.controller.predictive import ArrivalLog, PredictiveModel, WorkerNow
+from vertumnus.controller.predictive import ArrivalLog, PredictiveModel, WorkerNow, observed_stress
 from vertumnus.controller.replay import ReplayArrivals, ReplayWorkers, replay_mean_ttft
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.sim.runner import Simulation
@@ -79,6 +79,7 @@ def test_replay_occupancy_cost_keeps_short_requests_off_the_large_degree() -> No
 
 def test_forecast_replays_a_busy_span_as_recorded_and_a_quiet_one_at_its_rate() -> None:
     log = ArrivalLog(keep_s=10.0, keep_n=4)
+    log.add(50.0, 900, 0)  # the log is older than the span
     for k in range(6):
         log.add(100.0 + 0.5 * k, 1000 + k, 0)  # a burst at 100.0 .. 102.5
     # busy: ≥ 4 arrivals within the last 10 s → their own offsets from now − 10
@@ -88,6 +89,25 @@ def test_forecast_replays_a_busy_span_as_recorded_and_a_quiet_one_at_its_rate() 
     assert log.forecast(120.0, 10.0, 4) == [(0.0, 1003, 0), (10.0, 1004, 0), (20.0, 1005, 0), (30.0, 2000, 512)]
     # idle: none in the span → one per span
     assert [e[0] for e in log.forecast(200.0, 10.0, 4)] == [0.0, 10.0, 20.0, 30.0]
+
+
+def test_a_log_younger_than_the_span_repeats_what_it_saw_instead_of_forecasting_an_empty_head() -> None:
+    log = ArrivalLog(keep_s=10.0, keep_n=4)
+    for k in range(8):
+        log.add(0.5 * k, 1000 + k, 0)  # the pool started at 0: 2 req/s for 4 s, seen 0 .. 3.5
+    # at 4 s only 4 s are known: tiled with period 4 over the 10-s span (offsets 0..9.5, the cut at 10 drops none
+    # of the third copy's first four), not placed at 6..9.5 behind 6 empty seconds
+    got = log.forecast(4.0, 10.0, 4)
+    assert got == [(0.5 * k + 4.0 * r, 1000 + k, 0) for r in range(3) for k in range(8) if 0.5 * k + 4.0 * r < 10]
+    assert len(got) == 20  # 2 req/s over the whole 10-s span
+    # once the log covers the span, the span's arrivals at their own offsets (as before)
+    for k in range(8, 24):
+        log.add(0.5 * k, 1000 + k, 0)
+    assert log.forecast(12.0, 10.0, 4) == [(0.5 * k - 2.0, 1000 + k, 0) for k in range(4, 24)]
+    # a quiet young log is still forecast as quiet: one arrival at 0.2 s, seen at 1 s
+    young = ArrivalLog(keep_s=10.0, keep_n=4)
+    young.add(0.2, 500, 0)
+    assert young.forecast(1.0, 10.0, 4) == [(0.0, 500, 0)]
 
 
 # -- decisions on the real pool (sim data plane) ------------------------------------------------------------
@@ -157,6 +177,32 @@ def test_a_split_won_on_the_burst_forecast_only_answers_to_the_burst_margin(
     assert d.want == want
     if want is not None:
         assert d.best_split is not None and [o.kind for o in d.best_split.ops] == [ReconfigKind.SPLIT]
+
+
+def test_observed_stress_is_the_peak_window_over_the_recent_mean_within_one_and_the_cap() -> None:
+    assert observed_stress([10.0, 12.0, 9.0, 11.0], 2, 2.0) == pytest.approx(1.2)  # steady: the noise, 12 / 10
+    assert observed_stress([10.0, 40.0, 10.0, 10.0], 2, 2.0) == 2.0  # a burst remembered: the cap
+    assert observed_stress([5.0, 10.0, 10.0], 2, 2.0) == 1.0  # rising to its peak now: at least 1
+    assert observed_stress([], 2, 2.0) == 2.0 and observed_stress([3.0, 0.0, 0.0], 2, 2.0) == 2.0  # nothing lately
+
+
+@pytest.mark.parametrize(("stress", "want"), [(None, None), (1.3, ReconfigKind.MERGE)])
+def test_a_merge_answers_to_the_stress_it_is_given(stress: float | None, want: ReconfigKind | None) -> None:
+    # Two idle CP4 (Ê_4 = 1.2 s) or one CP8 ready after the 0.8-s switch (Ê_8 = 1.0 s); three requests 1.5 s
+    # apart. Nominal: the CP8 serves each before the next arrives, 1.0 s < 1.2 s. At 2× the rate (the configured
+    # merge_stress) they come 0.75 s apart and queue on the CP8: (1.0 + 1.25 + 1.5) / 3 = 1.25 s > 1.2 s, a
+    # veto; at 1.3× (a steady load's observed swing) they are 1.15 s apart and the merge still wins.
+    lattice = Lattice(1, 8, [4, 8])
+    a, b = lattice.build({4: 2})
+    model = PredictiveModel(COST, [4, 8], 1.0, 0.1, 0.8, 4, 0.02, 0.05, 2.0)
+    ops = {ReconfigKind.MERGE: lattice.ops(ReconfigKind.MERGE)}
+    workers = [WorkerNow(a.worker_id, 4, 0.0, 0.0, []), WorkerNow(b.worker_id, 4, 0.0, 0.0, [])]
+    three = ReplayArrivals(np.array([2.0, 3.5, 5.0]), {4: np.full(3, 1.2), 8: np.full(3, 1.0)})
+    d = model.decide(workers, three, ops, merge_stress=stress)
+    assert d.best_merge is not None and d.best_merge.objective == pytest.approx(1.0)
+    assert d.stay.objective == pytest.approx(1.2)
+    assert d.want == want
+    assert d.best_merge.stressed == pytest.approx(1.25 if stress is None else 1.0)
 
 
 def test_one_operation_per_decision_when_concurrency_is_one() -> None:

@@ -26,7 +26,14 @@ from vertumnus.config import VertumnusConfig
 from vertumnus.controller.epochs import EpochManager
 from vertumnus.controller.initial import History
 from vertumnus.controller.lattice import Lattice, LatticeOp
-from vertumnus.controller.predictive import ArrivalLog, Decision, PredictiveModel, WorkerNow, worker_states
+from vertumnus.controller.predictive import (
+    ArrivalLog,
+    Decision,
+    PredictiveModel,
+    WorkerNow,
+    observed_stress,
+    worker_states,
+)
 from vertumnus.controller.replay import ReplayArrivals
 from vertumnus.controller.rules import Direction, WindowAccount, WindowReport
 from vertumnus.profiling.cost_model import CostModel
@@ -55,6 +62,7 @@ class PendingDecision:
     ops: dict[ReconfigKind, list[LatticeOp]]
     burst: ReplayArrivals | None
     shape: tuple[tuple[int, int], ...]
+    merge_stress: float | None = None  # this decision's stress factor (None: the configured one)
 
 
 class Controller:
@@ -92,6 +100,10 @@ class Controller:
         self.persist_split = cc.split_persist_windows
         self.persist_merge = cc.merge_persist_windows
         self.log = ArrivalLog(self.lookback_s, cc.min_forecast_requests)
+        # every window's demand D_k, the last merge_stress_windows of them: the swings the merge stress is sized by
+        self.demands: deque[float] = deque(maxlen=max(1, cc.merge_stress_windows))
+        self.stress_windows = cc.merge_stress_windows
+        self.merge_stress = cc.merge_stress
         self.check_interval_s = cc.check_interval_s if cc.policy == "predictive" else None
         self.burst_s = cc.burst_lookback_s
         self.next_check = float("inf")  # predictive: next between-windows split check
@@ -161,6 +173,7 @@ class Controller:
         cap = self.capacity()
         report = self.account.close(end, cap, self.theta_low, self.theta_up, self.delta_long)
         self.reports.append(report)
+        self.demands.append(report.demand_s)
         if self.epochs.current is not None:
             self.account.busy()
             return report
@@ -205,7 +218,9 @@ class Controller:
 
     def decide(self, job: PendingDecision) -> Decision:
         """The replay: pure in the prepared snapshot (reads no pool state), so it may run off the pool's thread."""
-        return self.model.decide(job.workers, job.arrivals, job.ops, job.burst, splits_only=job.report is None)
+        return self.model.decide(
+            job.workers, job.arrivals, job.ops, job.burst, splits_only=job.report is None, merge_stress=job.merge_stress
+        )
 
     def _prepare(self, report: WindowReport | None, now: float) -> PendingDecision:
         sched = self.epochs.scheduler
@@ -223,7 +238,11 @@ class Controller:
         picked = self.log.forecast(now, self.lookback_s, self.min_forecast)
         burst = self.model.arrivals(self.log.burst(now, self.burst_s, self.lookback_s))
         workers = worker_states(sched, self.lattice, now)
-        return PendingDecision(report, now, workers, self.model.arrivals(picked), ops, burst, self._shape())
+        stress = None
+        if report is not None and self.stress_windows > 0:
+            recent = max(1, round(self.lookback_s / self.window_s))
+            stress = observed_stress(self.demands, recent, self.merge_stress)
+        return PendingDecision(report, now, workers, self.model.arrivals(picked), ops, burst, self._shape(), stress)
 
     def _shape(self) -> tuple[tuple[int, int], ...]:
         """The composition's identity (worker id, degree): a decision computed on another one is stale."""

@@ -21,7 +21,9 @@ forecast (the last ``burst_lookback_s`` of arrivals repeated) by ``burst_split_m
 forecast of a few requests is noisy and at a steady load "wins" a few percent by chance; the tuning set still
 kept it at ``split_margin``, see the config); a merge needs ``merge_margin``, must also win
 with the forecast compressed ``merge_stress`` × (it must not give capacity away that a modest rise in load
-would need back), and must be wanted for ``merge_persist_windows`` windows. When both directions win, the
+would need back; with ``merge_stress_windows`` > 0 the factor is the peak window demand of that many windows
+over the forecast span's mean, at most ``merge_stress``: the swings the pool has actually seen, see
+:func:`observed_stress`), and must be wanted for ``merge_persist_windows`` windows. When both directions win, the
 split does. Several splits at once are a single candidate, so a burst far above capacity is answered by one
 decision that starts them together on different blocks (the epoch protocol runs them concurrently).
 
@@ -31,6 +33,7 @@ cache-aware rule, queues included, which is what over- and under-load actually l
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,6 +46,8 @@ from vertumnus.profiling.cost_model import CostModel
 from vertumnus.scheduler.scheduler import Scheduler
 from vertumnus.types import ReconfigKind, WorkerState
 
+MAX_TILES = 20  # a log younger than span / 20 is tiled only 20 times (the replay's cost stays bounded)
+
 
 @dataclass(slots=True)
 class ArrivalLog:
@@ -51,8 +56,10 @@ class ArrivalLog:
     keep_s: float
     keep_n: int
     entries: deque[tuple[float, int, int]] = field(default_factory=deque)
+    origin: float | None = None  # the earliest arrival ever logged: nothing is known before it
 
     def add(self, t: float, input_len: int, cached: int) -> None:
+        self.origin = t if self.origin is None else min(self.origin, t)
         self.entries.append((t, input_len, cached))
         # Entries older than keep_s go, except the keep_n most recent (a quiet pool still has a forecast).
         while len(self.entries) > self.keep_n and self.entries[0][0] < t - self.keep_s:
@@ -62,7 +69,15 @@ class ArrivalLog:
         """The arrivals to replay, as (offset from the decision instant, input length, prefix tokens).
 
         Busy pool (≥ ``min_n`` arrivals in the last ``span_s``): those arrivals at their own offsets within the
-        span, burstiness included. Quiet pool: the request *mix* of the ``min_n`` most recent arrivals at the
+        span, burstiness included. A log younger than the span (the pool just started) holds only the last
+        ``now − origin`` seconds; those are repeated back to back to fill the span, so the forecast has the
+        observed rate over the whole span instead of an empty head that the queues would drain in::
+
+            span       |<-------------------- span_s -------------------->|
+            observed                                      |<-- now−origin -->|
+            forecast   |  A B C  |  A B C  |  A B C  |  A B C  |  A B C  |   (not: |      empty      |  A B C  |)
+
+        Quiet pool: the request *mix* of the ``min_n`` most recent arrivals at the
         *rate* of the span (evenly spaced, one per ``span_s / n`` seconds; one per span when none arrived), so
         that a quiet spell is forecast as quiet, not as the burst that preceded it.
         """
@@ -70,7 +85,13 @@ class ArrivalLog:
         start = now - span_s
         in_span = [e for e in ordered if e[0] >= start]
         if len(in_span) >= min_n:
-            return [(t - start, n, p) for t, n, p in in_span]
+            seen = now - max(start, self.origin if self.origin is not None else start)
+            if seen >= span_s or seen <= 0:
+                return [(t - start, n, p) for t, n, p in in_span]
+            base = now - seen
+            reps = min(math.ceil(span_s / seen), MAX_TILES)
+            tiled = [(t - base + k * seen, n, p) for k in range(reps) for t, n, p in in_span]
+            return [e for e in tiled if e[0] < span_s] if reps * seen > span_s else tiled
         mix = ordered[-min_n:]
         gap = span_s / max(len(in_span), 1)
         return [(k * gap, n, p) for k, (_, n, p) in enumerate(mix)]
@@ -131,6 +152,22 @@ class Decision:
     want: ReconfigKind | None
     reason: str
     evaluated: int
+
+
+def observed_stress(demands: Sequence[float], recent_windows: int, cap: float) -> float:
+    """The merge stress factor sized by the load swings seen: the largest window demand of ``demands`` (the
+    last windows, oldest first) over the mean demand of the ``recent_windows`` most recent ones, clamped to
+    [1, ``cap``] (``cap`` when nothing was demanded lately).
+
+    A merge must not lose if the load rises again to the peak of the remembered windows: at a steady load that
+    is the window-to-window noise (~1.2-1.5× on the traces), after a burst it is the burst (up to ``cap``)."""
+    if not demands:
+        return cap
+    recent = list(demands)[-max(1, recent_windows) :]
+    mean = sum(recent) / len(recent)
+    if mean <= 0:
+        return cap
+    return min(cap, max(1.0, max(demands) / mean))
 
 
 def worker_states(scheduler: Scheduler, lattice: Lattice, now: float) -> list[WorkerNow]:
@@ -247,13 +284,17 @@ class PredictiveModel:
         ops_by_kind: dict[ReconfigKind, list[LatticeOp]],
         burst: ReplayArrivals | None = None,
         splits_only: bool = False,
+        merge_stress: float | None = None,
     ) -> Decision:
         """Score every move and say which direction (if any) pays, with the module docstring's margins.
 
         ``burst`` (the last seconds' arrivals repeated): a split that wins on it is taken too — optimism about
         splitting; a merge must win on every forecast — pessimism about giving capacity away.
         ``splits_only``: a between-windows check (merges are decided at window ends only).
+        ``merge_stress``: this decision's stress factor (default: the configured ``merge_stress``; the controller
+        passes a smaller one when the load it has seen swings less, see :func:`observed_stress`).
         """
+        stress = self.merge_stress if merge_stress is None else merge_stress
         moves = self.moves(ops_by_kind)
         if splits_only:
             moves = [m for m in moves if m.kind != ReconfigKind.MERGE]
@@ -282,15 +323,15 @@ class PredictiveModel:
                 why = "a merge would lose at the last seconds' rate"
                 return Decision(stay, best_split, best_merge, None, why, len(moves))
         if best_merge is not None and best_merge.objective < (1.0 - self.merge_margin) * stay.objective:
-            stressed = arrivals.compressed(self.merge_stress)
+            stressed = arrivals.compressed(stress)
             best_merge.stressed = self.score(best_merge, prep, stressed)
             stay.stressed = self.score(stay, prep, stressed)
             if best_merge.stressed <= stay.stressed:
                 why = (
                     f"{best_merge.describe()}: predicted {best_merge.objective:.3f} s vs stay {stay.objective:.3f} s"
-                    f" (×{self.merge_stress} load: {best_merge.stressed:.3f} vs {stay.stressed:.3f})"
+                    f" (×{stress:.2f} load: {best_merge.stressed:.3f} vs {stay.stressed:.3f})"
                 )
                 return Decision(stay, best_split, best_merge, ReconfigKind.MERGE, why, len(moves))
-            why = f"merge would lose at ×{self.merge_stress} load ({best_merge.stressed:.3f} vs {stay.stressed:.3f})"
+            why = f"merge would lose at ×{stress:.2f} load ({best_merge.stressed:.3f} vs {stay.stressed:.3f})"
             return Decision(stay, best_split, best_merge, None, why, len(moves))
         return Decision(stay, best_split, best_merge, None, f"stay is best ({stay.objective:.3f} s)", len(moves))

@@ -39,7 +39,7 @@ PROFILES: tuple[tuple[str, str], ...] = (
 # when capacity is given away — its split side acts on any predicted gain).
 SWEEP_KEYS: dict[str, tuple[str, ...]] = {
     "rules": ("theta_up", "theta_low", "persist_windows"),
-    "predictive": ("merge_margin", "merge_stress", "merge_persist_windows"),
+    "predictive": ("merge_margin", "merge_stress", "merge_stress_windows", "merge_persist_windows"),
 }
 # ±10% (floats) and ±1 (integers): two more runs of the policy per key and workload keep `make results` affordable.
 SWEEP_FLOAT_STEPS = (0.9, 1.0, 1.1)
