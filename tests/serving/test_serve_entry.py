@@ -26,7 +26,17 @@ import httpx
 import openai
 import pytest
 import yaml
-from ray_cluster import STOP_TIMEOUT_S, alive, default_sigint, descendants, free_port, mentioning, stop_process, tool
+from ray_cluster import (
+    NODE_ENV,
+    STOP_TIMEOUT_S,
+    alive,
+    default_sigint,
+    descendants,
+    free_port,
+    mentioning,
+    stop_process,
+    tool,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +124,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeRun]:
     # token auth with the test's own token: Ray 2.60's `ray start` refuses token mode without one (a fresh
     # machine has no ~/.ray/auth_token), and a driver without the cluster's token is refused
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": temp_dir, **auth}
+    # NODE_ENV: the RayService's container env (deploy/rayservice.yaml): Ray's workers at the server's priority,
+    # not nice 15 — on a loaded machine a nice-15 replica and its rank actors starve past START_TIMEOUT_S
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": temp_dir, **auth, **NODE_ENV}
     env.pop("RAY_AUTH_TOKEN_PATH", None)
     env.pop("RAY_ADDRESS", None)
     popen: dict[str, Any] = {"cwd": tmp, "env": env, "stderr": subprocess.STDOUT, "start_new_session": True}

@@ -44,10 +44,15 @@ def ray_cluster():  # type: ignore[no-untyped-def]
 
     import ray
 
+    from vertumnus.serving.hosting import WORKER_NICENESS
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ray.init(
         num_cpus=8, include_dashboard=False, namespace="vertumnus", log_to_driver=False, configure_logging=False,
         _temp_dir=(temp := tempfile.mkdtemp(prefix="vt-ray-")),  # short: Ray's socket paths must stay < 108 bytes
+        # the engine actors at the test's priority, as Vertumnus starts its own cluster (Ray's default is nice
+        # 15: beside other work on the machine an engine restart then starves past the tests' waits)
+        _system_config={"worker_niceness": WORKER_NICENESS},
     )  # fmt: skip
     yield
     ray.shutdown()
