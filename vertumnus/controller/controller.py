@@ -103,7 +103,6 @@ class Controller:
         # every window's demand D_k, the last merge_stress_windows of them: the swings the merge stress is sized by
         self.demands: deque[float] = deque(maxlen=max(1, cc.merge_stress_windows))
         self.stress_windows = cc.merge_stress_windows
-        self.merge_stress = cc.merge_stress
         self.check_interval_s = cc.check_interval_s if cc.policy == "predictive" else None
         self.burst_s = cc.burst_lookback_s
         self.next_check = float("inf")  # predictive: next between-windows split check
@@ -241,7 +240,7 @@ class Controller:
         stress = None
         if report is not None and self.stress_windows > 0:
             recent = max(1, round(self.lookback_s / self.window_s))
-            stress = observed_stress(self.demands, recent, self.merge_stress)
+            stress = observed_stress(self.demands, recent, self.model.merge_stress)
         return PendingDecision(report, now, workers, self.model.arrivals(picked), ops, burst, self._shape(), stress)
 
     def _shape(self) -> tuple[tuple[int, int], ...]:

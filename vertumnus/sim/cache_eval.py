@@ -36,7 +36,15 @@ from vertumnus.sim.eval_set import load_set
 from vertumnus.sim.inputs import load_cost, load_sim_config, resolve
 from vertumnus.sim.kv_capacity import kv_blocks_per_gpu
 from vertumnus.sim.policies import normalise_composition
-from vertumnus.sim.protocol import Generated, HotPrefixes, LoadPhase, generate, load_pool, replicate_seed
+from vertumnus.sim.protocol import (
+    Generated,
+    HotPrefixes,
+    LoadPhase,
+    generate,
+    load_pool,
+    mean_of_runs,
+    replicate_seed,
+)
 from vertumnus.sim.runner import run_policy
 
 POLICIES = ("norepl", "rules", "queue_aware")
@@ -184,19 +192,7 @@ class CacheEvalResult:
 
     def run(self, workload: str, gpu: str, load: float, mode: str, policy: str) -> dict[str, Any]:
         """The point's figures: each metric's mean over the replicates (lost requests: their sum)."""
-        reps = self.replicas(workload, gpu, load, mode, policy)
-        if len(reps) == 1:
-            return reps[0]
-        out: dict[str, Any] = {}
-        for k in reps[0]:
-            vals = [float(v) for r in reps if (v := r.get(k)) is not None]
-            if len(vals) < len(reps):
-                out[k] = None  # a metric some replicate lacks has no mean
-            elif k in LOST:
-                out[k] = int(sum(vals))
-            else:
-                out[k] = sum(vals) / len(vals)
-        return out
+        return mean_of_runs(self.replicas(workload, gpu, load, mode, policy), LOST)
 
     def spread(self, workload: str, gpu: str, load: float, mode: str, policy: str) -> tuple[float, float]:
         """Smallest and largest per-replicate relative P90 change against ``norepl`` (nan if none)."""

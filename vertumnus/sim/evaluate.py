@@ -34,7 +34,7 @@ from vertumnus.sim.eval_set import EvalSet, load_eval_set
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.phase_stats import phase_summaries
 from vertumnus.sim.policies import check_policy, normalise_composition
-from vertumnus.sim.protocol import Generated
+from vertumnus.sim.protocol import Generated, mean_of_runs
 from vertumnus.sim.runner import run_policy
 
 STATIC = "vertumnus-static"
@@ -91,29 +91,11 @@ def mean_digest(runs: Sequence[RunDigest]) -> RunDigest:
     if not runs:
         raise ValueError("mean_digest needs at least one run")
     first = runs[0]
-    if len(runs) == 1:
-        return RunDigest(first.policy, first.composition, {**first.summary, "replicates": 1}, first.phases)
     if any(len(r.phases) != len(first.phases) for r in runs):
         raise ValueError("replicate runs have different phase counts")
-
-    def fold(dicts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v0 in dicts[0].items():
-            vals = [d.get(k) for d in dicts]
-            nums = [float(v) for v in vals if isinstance(v, (int, float))]
-            if not isinstance(v0, (int, float)) or isinstance(v0, bool):
-                out[k] = v0
-            elif len(nums) < len(vals):
-                out[k] = None
-            elif k in ("requests", "completed", *LOST_KEYS):
-                out[k] = int(sum(nums))
-            else:
-                out[k] = sum(nums) / len(nums)
-        return out
-
-    summary = fold([r.summary for r in runs])
-    summary["replicates"] = len(runs)
-    phases = [fold([r.phases[k] for r in runs]) for k in range(len(first.phases))]
+    counts = ("requests", "completed", *LOST_KEYS)
+    summary = {**mean_of_runs([r.summary for r in runs], counts), "replicates": len(runs)}
+    phases = [mean_of_runs([r.phases[k] for r in runs], counts) for k in range(len(first.phases))]
     return RunDigest(first.policy, first.composition, summary, phases)
 
 

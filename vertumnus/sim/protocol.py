@@ -534,6 +534,29 @@ def replicate_seed(seed: int, replicate: int) -> int:
     return seed if replicate == 0 else seed * 1000 + replicate
 
 
+def mean_of_runs(runs: Sequence[Mapping[str, Any]], summed: Sequence[str] = ()) -> dict[str, Any]:
+    """The figures of one point over its replicate streams: each numeric figure's mean, those named in ``summed``
+    (counts: requests, lost requests) their sum; a figure some run lacks is None; text is the first run's.
+    One run is returned as it is."""
+    if not runs:
+        raise ValueError("mean_of_runs needs at least one run")
+    if len(runs) == 1:
+        return dict(runs[0])
+    out: dict[str, Any] = {}
+    for k, v0 in runs[0].items():
+        vals = [r.get(k) for r in runs]
+        nums = [float(v) for v in vals if isinstance(v, (int, float))]
+        if not isinstance(v0, (int, float)) or isinstance(v0, bool):
+            out[k] = v0
+        elif len(nums) < len(vals):
+            out[k] = None
+        elif k in summed:
+            out[k] = int(sum(nums))
+        else:
+            out[k] = sum(nums) / len(nums)
+    return out
+
+
 def generate(
     name: str,
     phases: Sequence[LoadPhase],
