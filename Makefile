@@ -39,7 +39,6 @@ simulate: setup
 lint: setup
 	$(BIN)/ruff check vertumnus tests benchmarks
 	$(BIN)/ruff format --check vertumnus tests benchmarks
-	$(BIN)/ruff format --check vertumnus tests benchmarks
 
 typecheck: setup
 	$(BIN)/mypy vertumnus
