@@ -205,6 +205,24 @@ def test_a_merge_answers_to_the_stress_it_is_given(stress: float | None, want: R
     assert d.best_merge.stressed == pytest.approx(1.25 if stress is None else 1.0)
 
 
+@pytest.mark.parametrize(("max_merges", "n_ops", "objective"), [(1, 1, 1.1), (2, 2, 1.0)])
+def test_merges_go_one_per_decision_unless_configured_otherwise(max_merges: int, n_ops: int, objective: float) -> None:
+    # Four idle CP4 on two nodes (Ê_4 = 1.2 s; a CP8, ready after the 0.8-s switch, Ê_8 = 1.0 s); two requests
+    # at 2 s. Stay: 1.2 s. One merge: one request on the CP8, the other on a CP4 (waiting for the CP8 would end
+    # at 3.0 s): (1.0 + 1.2) / 2 = 1.1 s, which wins the 5% merge margin. Both merges: 1.0 s — better, but with
+    # max_concurrent_merges 1 (the default) capacity goes a block per decision.
+    lattice = Lattice(2, 8, [4, 8])
+    quads = lattice.build({4: 4})
+    model = PredictiveModel(COST, [4, 8], 1.0, 0.1, 0.8, 4, 0.02, 0.05, 1.0, max_merges=max_merges)
+    ops = {ReconfigKind.MERGE: lattice.ops(ReconfigKind.MERGE)}
+    workers = [WorkerNow(g.worker_id, 4, 0.0, 0.0, []) for g in quads]
+    two = ReplayArrivals(np.array([2.0, 2.0]), {4: np.full(2, 1.2), 8: np.full(2, 1.0)})
+    d = model.decide(workers, two, ops)
+    assert d.want == ReconfigKind.MERGE and d.stay.objective == pytest.approx(1.2)
+    assert d.best_merge is not None and len(d.best_merge.ops) == n_ops
+    assert d.best_merge.objective == pytest.approx(objective)
+
+
 def test_one_operation_per_decision_when_concurrency_is_one() -> None:
     c = cfg(2, max_concurrent_ops=1)
     times = [k / 30 for k in range(30 * 15)]

@@ -9,8 +9,9 @@ At a window end, instead of comparing ρ = D/K with thresholds, the controller a
               ``min_forecast_requests`` arrivals at the span's (low) rate (:meth:`ArrivalLog.forecast`)
     state     every ACTIVE worker's q_w (its queue runs dry at q_w), its running prefill's remaining time and
               its queued requests
-    moves     stay; per (kind, source degree) the best 1..``max_concurrent_ops`` disjoint operations
-              (smallest drain first, as the rule controller orders them)
+    moves     stay; per (kind, source degree) the best 1..``max_concurrent_ops`` disjoint splits or
+              1..``max_concurrent_merges`` disjoint merges (smallest drain first, as the rule controller orders
+              them)
     a move    sources leave now; their queued requests are re-placed at instant 0 (as the drain step does);
               targets start after the sources' running prefills finish + the switch time
     objective mean predicted TTFT of the forecast arrivals and of every queued request (from now on)
@@ -25,7 +26,10 @@ would need back; with ``merge_stress_windows`` > 0 the factor is the peak window
 over the forecast span's mean, at most ``merge_stress``: the swings the pool has actually seen, see
 :func:`observed_stress`), and must be wanted for ``merge_persist_windows`` windows. When both directions win, the
 split does. Several splits at once are a single candidate, so a burst far above capacity is answered by one
-decision that starts them together on different blocks (the epoch protocol runs them concurrently).
+decision that starts them together on different blocks (the epoch protocol runs them concurrently). Merges
+go one at a time by default (``max_concurrent_merges`` 1): capacity is given away a step per decision, each
+answering to the load that follows the last, so a forecast that is a few percent off at a steady load moves
+the pool by one block instead of several that the next burst must split back.
 
 Capacity of a composition is therefore not Σ κ of isolated workers: the replay pools the workers behind the
 cache-aware rule, queues included, which is what over- and under-load actually look like to requests.
@@ -202,6 +206,7 @@ class PredictiveModel:
         merge_margin: float,
         merge_stress: float,
         burst_split_margin: float | None = None,
+        max_merges: int | None = None,
     ) -> None:
         self.cost = cost
         self.degrees = tuple(sorted(degrees))
@@ -209,6 +214,7 @@ class PredictiveModel:
         self.lam = lam
         self.switch_s = switch_s
         self.max_ops = max_ops
+        self.max_merges = max_ops if max_merges is None else max_merges
         self.split_margin = split_margin
         # A split on the burst forecast (a couple of seconds of arrivals repeated) answers to its own margin:
         # that forecast holds few requests, so at a steady load its Poisson noise alone can "win" a few percent.
@@ -229,14 +235,16 @@ class PredictiveModel:
         return ReplayArrivals(t, self._est(lengths, prefixes))
 
     def moves(self, ops_by_kind: dict[ReconfigKind, list[LatticeOp]]) -> list[Move]:
-        """Stay, plus per (kind, source degree) the best 1..max_ops operations (in the given order)."""
+        """Stay, plus per (kind, source degree) the best 1..max_ops splits or 1..max_merges merges (in the
+        given order)."""
         out = [Move(())]
-        for ops in ops_by_kind.values():
+        for kind, ops in ops_by_kind.items():
+            cap = self.max_merges if kind == ReconfigKind.MERGE else self.max_ops
             by_degree: dict[int, list[LatticeOp]] = {}
             for op in ops:
                 by_degree.setdefault(op.sources[0].degree, []).append(op)
             for group in by_degree.values():
-                for k in range(1, min(self.max_ops, len(group)) + 1):
+                for k in range(1, min(cap, len(group)) + 1):
                     out.append(Move(tuple(group[:k])))
         return out
 

@@ -59,8 +59,9 @@ def _controller_setting(cc: ControllerConfig) -> str:
     return (f"`controller.policy: predictive`: window {cc.window_s:g} s, replay of the last {cc.lookback_windows:g} "
             f"windows (≥ {cc.min_forecast_requests} arrivals), burst look-back {cc.burst_lookback_s:g} s, {check}; "
             f"split margin {cc.split_margin:g} ({cc.split_persist_windows} window(s)), merge margin "
-            f"{cc.merge_margin:g} ({cc.merge_persist_windows} windows, stress ×{cc.merge_stress:g}), "
-            f"≤ {cc.max_concurrent_ops} ops at once, switch {cc.switch_s:g} s")  # fmt: skip
+            f"{cc.merge_margin:g} ({cc.merge_persist_windows} windows, stress ×{cc.merge_stress:g}), ≤ "
+            f"{cc.max_concurrent_ops} splits / {cc.max_concurrent_merges} merge(s) at once, "
+            f"switch {cc.switch_s:g} s")  # fmt: skip
 
 
 def _cache_setting(ca: CacheConfig) -> str:
