@@ -8,7 +8,9 @@ the others run on. Shared by the tests that need Ray outside the server process 
 - Node death: the head's GCS health-checks raylets every 1 s and declares a node dead after 5 missed checks, so a
   lost node is noticed in ~6 s instead of Ray's default ~30 s (GCS settings, not a test-side wait). A node the
   GCS declared dead on its own (a raylet starved past that under heavy load exits) is started again by
-  :meth:`RayCluster.ensure_alive`, as an operator (KubeRay) restarts a dead pod.
+  :meth:`RayCluster.ensure_alive`, as an operator (KubeRay) restarts a dead pod; a head whose ``ray start`` gives
+  up during startup (Ray's fixed 30-s registration deadline, passed on a loaded machine) likewise
+  (:func:`start_head`, shared with the ``serve run`` test).
 - Nodes are told apart by a custom resource naming them (``vt_ray_node_<name>``) and, for the nodes meant to host a
   pool node, the pool's anti-affinity resource (``serving.ray_node_resource``).
 - Teardown: every node's group is stopped (SIGINT, then SIGKILL), and any process still mentioning the cluster's
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,6 +134,40 @@ def stop_process(proc: subprocess.Popen[bytes]) -> int:
     return proc.returncode
 
 
+HEAD_ATTEMPTS = 3
+
+
+def start_head(
+    cmd: Callable[[int], list[str]], log: Path, temp_dir: str, env: dict[str, str], cwd: Path
+) -> tuple[subprocess.Popen[bytes], int]:
+    """``ray start --head --block`` (``cmd(port)``: the command for a GCS port) until it prints "Ray runtime
+    started"; the process and its GCS port. Ray gives the head's raylet a fixed 30 s to register with the GCS;
+    on a loaded 2-core machine that can pass, and ``ray start`` exits ("timed out during startup"). The attempt's
+    leftovers are then killed and the head started again on a fresh port, as an operator restarts a head pod, up
+    to HEAD_ATTEMPTS times."""
+    for attempt in range(1, HEAD_ATTEMPTS + 1):
+        port = free_port()
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                cmd(port), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                start_new_session=True, preexec_fn=default_sigint,
+            )  # fmt: skip
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while "Ray runtime started" not in log.read_text(errors="replace"):
+            if proc.poll() is not None:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ray head: not within {START_TIMEOUT_S:.0f} s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.3)
+        else:
+            return proc, port
+        for pid in descendants(proc.pid) | mentioning(temp_dir):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        print(f"ray head exited during startup ({proc.returncode}), attempt {attempt}", file=sys.stderr)
+    raise RuntimeError(f"ray head did not start ({HEAD_ATTEMPTS} attempts):\n{log.read_text()[-3000:]}")
+
+
 # the probe: a driver on the cluster answering questions about Ray's own state (GCS node and actor tables) on
 # stdin/stdout, so the test process itself never becomes a Ray driver
 PROBE = """
@@ -168,23 +205,26 @@ class RayCluster:
         # Ray's socket paths must stay short (AF_UNIX): the temp dir is a fresh one directly under /tmp
         self.temp_dir = tempfile.mkdtemp(prefix="vt-mn-")
         self.root = root
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": self.temp_dir}
         self.env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), **NODE_ENV})
         for k in ("RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
             self.env.pop(k, None)
         self.nodes: dict[str, RayNode] = {}
         self._probe: subprocess.Popen[str] | None = None
-        head = [
-            *(tool("ray"), "start", "--head", "--block", "--temp-dir", self.temp_dir, "--port", str(self.port)),
-            *("--num-cpus", str(head_cpus), "--num-gpus", "0", "--resources", json.dumps({"vt_ray_node_head": 1})),
-            *("--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port())),
-            *("--min-worker-port", "0", "--max-worker-port", "0", "--include-dashboard=false", "--disable-usage-stats"),
-        ]
-        self.nodes["head"] = RayNode("head", head, root / "ray-head.log")
-        self._start(self.nodes["head"], {**self.env, **HEALTH_ENV})
-        self._wait(lambda: "Ray runtime started" in self.nodes["head"].log.read_text(errors="replace"), "ray head")
+
+        def head(port: int) -> list[str]:
+            return [
+                *(tool("ray"), "start", "--head", "--block", "--temp-dir", self.temp_dir, "--port", str(port)),
+                *("--num-cpus", str(head_cpus), "--num-gpus", "0", "--resources", json.dumps({"vt_ray_node_head": 1})),
+                *("--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port())),
+                *("--min-worker-port", "0", "--max-worker-port", "0", "--include-dashboard=false"),
+                "--disable-usage-stats",
+            ]
+
+        log = root / "ray-head.log"
+        proc, self.port = start_head(head, log, self.temp_dir, {**self.env, **HEALTH_ENV}, root)
+        self.address = f"127.0.0.1:{self.port}"
+        self.nodes["head"] = RayNode("head", head(self.port), log, proc, {proc.pid})
 
     def _start(self, node: RayNode, env: dict[str, str]) -> None:
         with node.log.open("ab") as out:

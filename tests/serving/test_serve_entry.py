@@ -34,6 +34,7 @@ from ray_cluster import (
     descendants,
     free_port,
     mentioning,
+    start_head,
     stop_process,
     tool,
 )
@@ -118,7 +119,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeRun]:
     tmp = tmp_path_factory.mktemp("serve-run")
     # Ray's socket paths must stay short (AF_UNIX): the cluster's temp dir is a fresh one directly under /tmp
     temp_dir = tempfile.mkdtemp(prefix="vt-serve-")
-    gcs, client, agent, http = (free_port() for _ in range(4))
+    http = free_port()
     cfg_path = tmp / "serve-config.yaml"
     cfg_path.write_text(yaml.safe_dump(serve_config(http), sort_keys=False))
     # token auth with the test's own token: Ray 2.60's `ray start` refuses token mode without one (a fresh
@@ -131,16 +132,22 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeRun]:
     env.pop("RAY_ADDRESS", None)
     popen: dict[str, Any] = {"cwd": tmp, "env": env, "stderr": subprocess.STDOUT, "start_new_session": True}
     ray_log, serve_log = tmp / "ray-start.log", tmp / "serve-run.log"
-    head = [
-        *(tool("ray"), "start", "--head", "--block", "--temp-dir", temp_dir, "--num-cpus", "8", "--num-gpus", "0"),
-        *("--port", str(gcs), "--ray-client-server-port", str(client), "--dashboard-agent-listen-port", str(agent)),
-        *("--min-worker-port", "0", "--max-worker-port", "0", "--include-dashboard=false", "--disable-usage-stats"),
-    ]
-    with ray_log.open("wb") as out:
-        ray = subprocess.Popen(head, stdout=out, preexec_fn=default_sigint, **popen)
+
+    def head(gcs: int) -> list[str]:
+        return [
+            *(tool("ray"), "start", "--head", "--block", "--temp-dir", temp_dir, "--num-cpus", "8", "--num-gpus", "0"),
+            *("--port", str(gcs), "--ray-client-server-port", str(free_port())),
+            *("--dashboard-agent-listen-port", str(free_port()), "--min-worker-port", "0", "--max-worker-port", "0"),
+            *("--include-dashboard=false", "--disable-usage-stats"),
+        ]
+
+    try:
+        ray, gcs = start_head(head, ray_log, temp_dir, env, tmp)
+    except BaseException:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
     run = ServeRun(f"http://127.0.0.1:{http}", ray, None, temp_dir, ray_log, serve_log)
     try:
-        _wait("ray start", run, lambda: "Ray runtime started" in ray_log.read_text(errors="replace"))
         cmd = [tool("serve"), "run", "--address", f"127.0.0.1:{gcs}", str(cfg_path)]
         with serve_log.open("wb") as out:
             run.serve = subprocess.Popen(cmd, stdout=out, preexec_fn=default_sigint, **popen)
