@@ -139,17 +139,18 @@ HEAD_ATTEMPTS = 3
 
 def start_head(
     cmd: Callable[[int], list[str]], log: Path, temp_dir: str, env: dict[str, str], cwd: Path
-) -> tuple[subprocess.Popen[bytes], int]:
+) -> tuple[subprocess.Popen[bytes], int, list[str]]:
     """``ray start --head --block`` (``cmd(port)``: the command for a GCS port) until it prints "Ray runtime
-    started"; the process and its GCS port. Ray gives the head's raylet a fixed 30 s to register with the GCS;
-    on a loaded 2-core machine that can pass, and ``ray start`` exits ("timed out during startup"). The attempt's
-    leftovers are then killed and the head started again on a fresh port, as an operator restarts a head pod, up
-    to HEAD_ATTEMPTS times."""
+    started"; the process, its GCS port and the command that ran. Ray gives the head's raylet a fixed 30 s to
+    register with the GCS; on a loaded 2-core machine that can pass, and ``ray start`` exits ("timed out during
+    startup"). The attempt's leftovers are then killed and the head started again on a fresh port, as an operator
+    restarts a head pod, up to HEAD_ATTEMPTS times."""
     for attempt in range(1, HEAD_ATTEMPTS + 1):
         port = free_port()
+        argv = cmd(port)
         with log.open("ab") as out:
             proc = subprocess.Popen(
-                cmd(port), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                 start_new_session=True, preexec_fn=default_sigint,
             )  # fmt: skip
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -160,7 +161,7 @@ def start_head(
                 raise RuntimeError(f"ray head: not within {START_TIMEOUT_S:.0f} s:\n{log.read_text()[-3000:]}")
             time.sleep(0.3)
         else:
-            return proc, port
+            return proc, port, argv
         for pid in descendants(proc.pid) | mentioning(temp_dir):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -222,9 +223,9 @@ class RayCluster:
             ]
 
         log = root / "ray-head.log"
-        proc, self.port = start_head(head, log, self.temp_dir, {**self.env, **HEALTH_ENV}, root)
+        proc, self.port, argv = start_head(head, log, self.temp_dir, {**self.env, **HEALTH_ENV}, root)
         self.address = f"127.0.0.1:{self.port}"
-        self.nodes["head"] = RayNode("head", head(self.port), log, proc, {proc.pid})
+        self.nodes["head"] = RayNode("head", argv, log, proc, {proc.pid})
 
     def _start(self, node: RayNode, env: dict[str, str]) -> None:
         with node.log.open("ab") as out:

@@ -142,7 +142,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeRun]:
         ]
 
     try:
-        ray, gcs = start_head(head, ray_log, temp_dir, env, tmp)
+        ray, gcs, _ = start_head(head, ray_log, temp_dir, env, tmp)
     except BaseException:
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise
