@@ -108,6 +108,12 @@ def test_a_log_younger_than_the_span_repeats_what_it_saw_instead_of_forecasting_
     young = ArrivalLog(keep_s=10.0, keep_n=4)
     young.add(0.2, 500, 0)
     assert young.forecast(1.0, 10.0, 4) == [(0.0, 500, 0)]
+    # a busy young log below min_n arrivals is forecast at the rate it has seen: 3 arrivals at 0, 0.25, 0.5 s,
+    # seen at 0.5 s → 2 per 0.5 s, one per 0.25 s, the mix repeated over the 10-s span (not 3 over 10 s)
+    busy = ArrivalLog(keep_s=10.0, keep_n=8)
+    for k in range(3):
+        busy.add(0.25 * k, 100 + k, 0)
+    assert busy.forecast(0.5, 10.0, 8) == [(0.25 * k, 100 + k % 3, 0) for k in range(40)]
 
 
 # -- decisions on the real pool (sim data plane) ------------------------------------------------------------
@@ -157,17 +163,24 @@ def test_a_burst_far_above_capacity_splits_two_blocks_at_once() -> None:
     assert res.summary["completed"] == len(times) and res.summary["rejected"] == 0
 
 
-@pytest.mark.parametrize(("burst_margin", "want"), [(0.02, ReconfigKind.SPLIT), (0.1, None)])
-def test_a_split_won_on_the_burst_forecast_only_answers_to_the_burst_margin(
-    burst_margin: float, want: ReconfigKind | None
+@pytest.mark.parametrize(
+    ("burst_margin", "full_slack", "want"),
+    [(0.02, None, ReconfigKind.SPLIT), (0.1, None, None), (0.02, 0.02, None), (0.02, 1.0, ReconfigKind.SPLIT)],
+)
+def test_a_split_won_on_the_burst_forecast_answers_to_the_burst_margin_and_the_span(
+    burst_margin: float, full_slack: float | None, want: ReconfigKind | None
 ) -> None:
     # One idle CP8 (Ê_8 = 1.0 s) or, after the split, two CP4 ready after the 0.8-s switch (Ê_4 = 1.2 s).
     # The window's forecast, one request: stay 1.0 s < split 2.0 s. The burst forecast, six requests at once:
     # stay (1+2+…+6)/6 = 3.5 s; split, pairs done at 0.8 + 1.2·k: 0.8 + 0.6·4 = 3.2 s, an 8.6% gain — above
-    # a 2% margin, below 10%.
+    # a 2% margin, below 10%. With the span check (burst_full_slack) the split must also predict at most
+    # (1 + slack) × stay on the window's forecast: 2.0 s > 1.02 × 1.0 s refuses it (a cluster of six at a load
+    # the span calls light), 2.0 s ≤ 2 × 1.0 s lets it through.
     lattice = Lattice(1, 8, [4, 8])
     (cp8,) = lattice.build({8: 1})
-    model = PredictiveModel(COST, [4, 8], 1.0, 0.1, 0.8, 4, 0.02, 0.05, 2.0, burst_split_margin=burst_margin)
+    model = PredictiveModel(
+        COST, [4, 8], 1.0, 0.1, 0.8, 4, 0.02, 0.05, 2.0, burst_split_margin=burst_margin, burst_full_slack=full_slack
+    )
     ops = {ReconfigKind.SPLIT: lattice.ops(ReconfigKind.SPLIT)}
     workers = [WorkerNow(cp8.worker_id, 8, 0.0, 0.0, [])]
     one = ReplayArrivals(np.array([0.0]), {4: np.array([1.2]), 8: np.array([1.0])})
@@ -177,6 +190,8 @@ def test_a_split_won_on_the_burst_forecast_only_answers_to_the_burst_margin(
     assert d.want == want
     if want is not None:
         assert d.best_split is not None and [o.kind for o in d.best_split.ops] == [ReconfigKind.SPLIT]
+    elif full_slack is not None:
+        assert "not on the span (2.000 s vs 1.000 s)" in d.reason
 
 
 def test_observed_stress_is_the_peak_window_over_the_recent_mean_within_one_and_the_cap() -> None:

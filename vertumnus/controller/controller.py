@@ -109,6 +109,7 @@ class Controller:
         self.model = PredictiveModel(
             cost, lattice.degrees, cfg.scheduler.beta, cfg.scheduler.lam, cc.switch_s, cc.max_concurrent_ops,
             cc.split_margin, cc.merge_margin, cc.merge_stress, cc.burst_split_margin, cc.max_concurrent_merges,
+            cc.burst_split_full_slack,
         )  # fmt: skip
         self.last_decision: Decision | None = None
         # Predictive decisions off the pool's thread (the server sets this): see _predictive.

@@ -20,7 +20,9 @@ Asymmetric caution: a split is taken when it cuts the objective by ``split_margi
 ``split_persist_windows`` windows (default 1: react at once), or when it cuts the objective of the *burst*
 forecast (the last ``burst_lookback_s`` of arrivals repeated) by ``burst_split_margin`` (its own knob: a
 forecast of a few requests is noisy and at a steady load "wins" a few percent by chance; the tuning set still
-kept it at ``split_margin``, see the config); a merge needs ``merge_margin``, must also win
+kept it at ``split_margin``, see the config) *and* predicts at most ``burst_split_full_slack`` worse than stay on
+the full forecast (the last seconds' cluster must not be one the whole span calls a light load; a surge that lasts
+wins on the span too a check or two later); a merge needs ``merge_margin``, must also win
 with the forecast compressed ``merge_stress`` × (it must not give capacity away that a modest rise in load
 would need back; with ``merge_stress_windows`` > 0 the factor is the peak window demand of that many windows
 over the forecast span's mean, at most ``merge_stress``: the swings the pool has actually seen, see
@@ -83,13 +85,15 @@ class ArrivalLog:
 
         Quiet pool: the request *mix* of the ``min_n`` most recent arrivals at the
         *rate* of the span (evenly spaced, one per ``span_s / n`` seconds; one per span when none arrived), so
-        that a quiet spell is forecast as quiet, not as the burst that preceded it.
+        that a quiet spell is forecast as quiet, not as the burst that preceded it. A young log with fewer than
+        ``min_n`` arrivals (n ≥ 2) is forecast at the rate it has seen, (n − 1) per ``now − origin`` seconds,
+        with its mix repeated over the span.
         """
         ordered = sorted(self.entries)  # re-placed backlog can be logged after later arrivals
         start = now - span_s
         in_span = [e for e in ordered if e[0] >= start]
+        seen = now - max(start, self.origin if self.origin is not None else start)
         if len(in_span) >= min_n:
-            seen = now - max(start, self.origin if self.origin is not None else start)
             if seen >= span_s or seen <= 0:
                 return [(t - start, n, p) for t, n, p in in_span]
             base = now - seen
@@ -97,6 +101,13 @@ class ArrivalLog:
             tiled = [(t - base + k * seen, n, p) for k in range(reps) for t, n, p in in_span]
             return [e for e in tiled if e[0] < span_s] if reps * seen > span_s else tiled
         mix = ordered[-min_n:]
+        if 0 < seen < span_s and len(in_span) >= 2:
+            # A young log with fewer than min_n arrivals: the rate it has seen (the first arrival marks the
+            # origin, so n − 1 arrivals fell in ``seen``), the mix repeated over the span — not n arrivals
+            # spread over a span the pool has not lived yet, which forecasts a busy start-up as quiet.
+            gap = seen / (len(in_span) - 1)
+            count = max(len(mix), min(math.ceil(span_s / gap), MAX_TILES * len(mix)))
+            return [(k * gap, *mix[k % len(mix)][1:]) for k in range(count)]
         gap = span_s / max(len(in_span), 1)
         return [(k * gap, n, p) for k, (_, n, p) in enumerate(mix)]
 
@@ -207,7 +218,10 @@ class PredictiveModel:
         merge_stress: float,
         burst_split_margin: float | None = None,
         max_merges: int | None = None,
+        burst_full_slack: float | None = None,
     ) -> None:
+        """``burst_full_slack``: a split won on the burst forecast must also predict at most (1 + this) × stay's
+        objective on the full forecast (None: the burst alone decides)."""
         self.cost = cost
         self.degrees = tuple(sorted(degrees))
         self.beta = beta
@@ -220,6 +234,7 @@ class PredictiveModel:
         # that forecast holds few requests, so at a steady load its Poisson noise alone can "win" a few percent.
         self.burst_split_margin = split_margin if burst_split_margin is None else burst_split_margin
         self.merge_margin = merge_margin
+        self.burst_full_slack = burst_full_slack
         self.merge_stress = merge_stress
 
     def _est(self, lengths: np.ndarray, prefixes: np.ndarray) -> dict[int, np.ndarray]:
@@ -324,8 +339,18 @@ class PredictiveModel:
             scored = [(self.score(m, prep, burst), m) for m in splits]
             obj_b, move_b = min(scored, key=lambda x: x[0])
             if obj_b < (1.0 - self.burst_split_margin) * stay_b:
-                why = f"{move_b.describe()}: on the last seconds' rate predicted {obj_b:.3f} s vs stay {stay_b:.3f} s"
-                return Decision(stay, move_b, best_merge, ReconfigKind.SPLIT, why, len(moves) + len(splits) + 1)
+                if self.burst_full_slack is None or move_b.objective <= (1.0 + self.burst_full_slack) * stay.objective:
+                    why = (
+                        f"{move_b.describe()}: on the last seconds' rate predicted {obj_b:.3f} s vs stay {stay_b:.3f} s"
+                    )
+                    return Decision(stay, move_b, best_merge, ReconfigKind.SPLIT, why, len(moves) + len(splits) + 1)
+                # The last seconds ask for a split that the whole span says loses: at a steady load that is a
+                # Poisson cluster, not a surge (a surge that lasts wins on the span too, a check or two later).
+                why = (
+                    f"{move_b.describe()} wins on the last seconds' rate ({obj_b:.3f} s vs stay {stay_b:.3f} s) but"
+                    f" not on the span ({move_b.objective:.3f} s vs {stay.objective:.3f} s)"
+                )
+                return Decision(stay, move_b, best_merge, None, why, len(moves) + len(splits) + 1)
             if best_merge is not None and self.score(best_merge, prep, burst) > stay_b:
                 # a merge must not lose on the burst forecast either
                 why = "a merge would lose at the last seconds' rate"
