@@ -192,11 +192,11 @@ class ControllerConfig(_Section):
     # Chosen on the tuning set with 3 request streams (2026-12-04; geomean mean TTFT relative to the settings before,
     # calibrated / AIC): None (the burst alone decides) 1 / 1; 0 → 1.0049 / 0.9921; 0.01 → 0.9993 / 0.9906;
     # 0.02 → 0.9940 / 0.9900 (adopted); 0.03 → 0.9937 / 0.9921; 0.05 → 0.9955 / 0.9940; 0.1 → 0.9964 / 0.9987;
-    # with burst_split_margin 0.05 and slack 0: 1.0057 / 0.9941. Reconfigurations fall (AIC steady-0.75 8.0 →
-    # 4.7, alt-b 7.7 → 3.3; calibrated steady-0.45 4.0 → 0): the 1-s checks' burst forecasts (2 s of arrivals)
-    # were "winning" splits on Poisson clusters at a steady load, which the next windows merged back. With the
-    # young-log forecast fix (ArrivalLog.forecast) as adopted: 0.9955 / 0.9900. Not adopted: a split or merge must
-    # also win on each half of the forecast: 0.9997 / 1.0081.
+    # with burst_split_margin 0.05 and slack 0: 1.0057 / 0.9941. With the young-log forecast fix
+    # (ArrivalLog.forecast), as adopted: 0.9955 / 0.9900, and fewer reconfigurations (AIC steady-0.75 8.0 → 4.7,
+    # alt-b 7.7 → 3.3; calibrated steady-0.45 4.0 → 1.3): the 1-s checks' burst forecasts (2 s of arrivals) were
+    # "winning" splits on Poisson clusters at a steady load, which the next windows merged back. Not adopted: a
+    # split or merge must also win on each half of the forecast 0.9997 / 1.0081; more in configs/eval/tuning.yaml.
     burst_split_full_slack: float | None = Field(
         0.02,
         ge=0,
