@@ -54,7 +54,8 @@ P90_SLACK = 0.01  # and never more than this much higher at any load
 LOST = ("rejected", "failed", "unfinished")
 METRICS = (
     "mean_ttft_s", "p90_ttft_s", "p99_ttft_s", "slo_attainment_token_weighted", "prefix_hit_rate_tokens",
-    "replications", "reclamations", "copied_blocks", "evicted_blocks", "rejected", "failed", "unfinished",
+    "replications", "fetch_copies", "push_copies", "scan_copies", "reclamations", "copied_blocks",
+    "evicted_blocks", "rejected", "failed", "unfinished",
 )  # fmt: skip
 
 

@@ -42,8 +42,8 @@ def workload_table(res: CacheEvalResult, es: CacheEvalSet, workload: str, mode: 
     head = "| KV / GPU | load | norepl mean / P90 / P99 (s) | SLO | hit | evicted |"
     sep = "|---|---:|---|---:|---:|---:|"
     for p in pols:
-        head += f" {p}: Δmean / ΔP90 / ΔP99 | hit | copies (GB) / reclaims | evicted |"
-        sep += "---|---:|---|---:|"
+        head += f" {p}: Δmean / ΔP90 / ΔP99 | hit | copies (GB) / reclaims | ordered: fetch / push / scan | evicted |"
+        sep += "---|---:|---|---|---:|"
     rows = [head, sep]
     bpb = res.bytes_per_block
     for gpu, blocks in res.capacities.items():
@@ -60,7 +60,8 @@ def workload_table(res: CacheEvalResult, es: CacheEvalSet, workload: str, mode: 
                     f" {_pct(_rel(a['mean_ttft_s'], b['mean_ttft_s']))} / "
                     f"{_pct(_rel(a['p90_ttft_s'], b['p90_ttft_s']))} / {_pct(_rel(a['p99_ttft_s'], b['p99_ttft_s']))}"
                     f" | {a['prefix_hit_rate_tokens']:.3f} | {a['replications']:,.0f} "
-                    f"({_gb(a['copied_blocks'], bpb)}) / {a['reclamations']:,.0f} | {a['evicted_blocks']:,.0f} |"
+                    f"({_gb(a['copied_blocks'], bpb)}) / {a['reclamations']:,.0f} | {a['fetch_copies']:,.0f} / "
+                    f"{a['push_copies']:,.0f} / {a['scan_copies']:,.0f} | {a['evicted_blocks']:,.0f} |"
                 )
             rows.append(line)
     return "\n".join(rows)
@@ -124,6 +125,12 @@ def render(res: CacheEvalResult, es: CacheEvalSet, tuning: CacheEvalSet | None, 
         f"Verdict (the issue's): ΔP90 ≤ −{100 * P90_GAIN:.0f}% against `norepl` at the highest load where `norepl` "
         f"meets the SLO target ({res.slo_target:g} token-weighted), ΔP90 ≤ +{100 * P90_SLACK:.0f}% at every load, "
         f"no request lost. Pass (workload × KV size × mode): **{tally}**.",
+        "",
+        "Copies per run: *copies* are the confirmed ones; *ordered* splits them by what ordered them — a *fetch* "
+        "copies the longest held prefix onto the worker a request was placed on, before its prefill (the "
+        "placement was priced with it); a *push* copies a hot prefix off a queued holder after a placement; "
+        "*scan* copies come from the periodic scan (the rules' replications; under queue_aware the inter-degree "
+        "ones).",
         "",
         vt,
         "",

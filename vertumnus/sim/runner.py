@@ -206,6 +206,7 @@ class Simulation:
 
     def _summary(self, wall: float, cpu: float, initial: str) -> dict[str, Any]:
         col, stats = self.collector, self.data_plane.stats
+        cache = self.pool.cache.stats()
         out: dict[str, Any] = {"policy": self.policy}
         out.update(summarize(col.arrays()))
         statuses = [r.status for r in col.records.values()]
@@ -226,6 +227,11 @@ class Simulation:
                 "max_drain_s": float(np.max(drains)) if drains else None,
                 "mean_switch_s": float(np.mean(switches)) if switches else None,
                 "replications": col.replications,
+                # Ordered copies by kind (queue_aware): fetches run before the prefill of the request placed
+                # with them; push copies come off a queued holder after a placement (cache/hot_copy.py).
+                "fetch_copies": int(cache["fetch_ordered"]),
+                "push_copies": int(cache["hot_ordered"]),
+                "scan_copies": int(cache["replications_ordered"]),  # the periodic scan's (rules; inter-degree)
                 "reclamations": col.reclamations,
                 "reconciles": col.reconciles,
                 "failed_cache_ops": col.failed_ops,
