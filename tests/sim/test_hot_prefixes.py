@@ -145,6 +145,13 @@ def test_queue_aware_fetches_in_the_simulator_and_loses_nothing() -> None:
         if policy == "queue_aware":
             stats = sim.pool.cache.stats()
             assert stats["fetch_ordered"] > 0 and stats["replications_confirmed"] > 0
+            # The summary splits ordered copies by kind, as the pool's counters have them.
+            s = runs[policy]
+            assert (s["fetch_copies"], s["push_copies"]) == (stats["fetch_ordered"], stats["hot_ordered"])
+            assert s["scan_copies"] == stats["replications_ordered"]
+        else:  # rules: every copy comes from the scan
+            assert runs[policy]["fetch_copies"] == runs[policy]["push_copies"] == 0
+            assert runs[policy]["scan_copies"] == sim.pool.cache.stats()["replications_ordered"]
     for s in runs.values():
         assert s["completed"] == s["requests"] == len(gen.requests)
         assert s["rejected"] == s["failed"] == s["unfinished"] == 0
@@ -177,6 +184,7 @@ def test_cache_ablation_runs_every_policy_and_mode_and_renders_its_section(tmp_p
         "<!-- /section:cache-ablation -->"
     )
     assert "`rules`" in text and "`queue_aware`" in text and "H100-80GB (218 blocks)" in text
+    assert "| ordered: fetch / push / scan |" in text
 
 
 def test_bad_cache_set_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
