@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 ARCH := $(shell uname -m)
 
-.PHONY: setup run test lint typecheck pytest demo simulate results cache-ablation evaluate bench clean
+.PHONY: setup run test lint typecheck pytest demo simulate results results-oos cache-ablation evaluate bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -62,6 +62,10 @@ evaluate: setup
 # Cache-manager ablation on the hot-prefix test set only (issue 17): rewrites its section of docs/results.md.
 cache-ablation: setup
 	$(BIN)/python -m vertumnus.sim.report --out docs/results.md --only cache-ablation --jobs $(or $(JOBS),1)
+
+# Out-of-sample test set under both profiles only (issue 16): rewrites its section of docs/results.md.
+results-oos: setup
+	$(BIN)/python -m vertumnus.sim.report --out docs/results.md --only out-of-sample --jobs $(or $(JOBS),1)
 
 bench: setup
 	$(BIN)/vertumnus bench control-plane

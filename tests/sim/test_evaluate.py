@@ -209,6 +209,15 @@ def test_results_section_renders_every_profile_and_skips_missing_ones(tmp_path: 
     assert "![test-set verdict against each controller threshold](img/eval_sensitivity.png)" in md
     assert (tmp_path / "img" / "eval_sensitivity.png").is_file() and "| controller.theta_low | 0.3 |" in md
     assert "load 1.0 is the rate" in md  # the protocol's rule is stated
+    # Marked, so `make results-oos` rewrites just this section and keeps the rest of docs/results.md.
+    from vertumnus.sim.report import splice
+
+    assert md.startswith("<!-- section:out-of-sample -->") and "<!-- /section:out-of-sample -->" in md
+    assert "Measured: " in md
+    doc = "head\n<!-- section:out-of-sample -->\nSTALE FIGURES\n<!-- /section:out-of-sample -->\ntail\n"
+    new = splice(doc, "out-of-sample", md)
+    assert new.startswith("head\n") and new.endswith("tail\n") and "STALE FIGURES" not in new
+    assert "### Profile: calibrated" in new
 
 
 def test_process_pool_gives_the_same_verdicts_as_one_process(tmp_path: Path) -> None:

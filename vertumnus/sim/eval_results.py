@@ -7,6 +7,8 @@ markdown. Every figure comes from the runs.
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +29,9 @@ from vertumnus.sim.inputs import resolve
 from vertumnus.sim.protocol import __doc__ as PROTOCOL_DOC
 from vertumnus.sim.sensitivity import parse_sweep, plot_sweep, sweep
 
+# Marker name of this section in docs/results.md: ``python -m vertumnus.sim.report --only out-of-sample`` reruns it
+# and rewrites it in place.
+SECTION = "out-of-sample"
 TEST_SET = "configs/eval/test.yaml"
 TUNING_SET = "configs/eval/tuning.yaml"
 # (label, config): the calibrated profile and the AIConfigurator-derived one (profiling issue).
@@ -101,9 +106,11 @@ def results_section(
     heading: str = "## Out-of-sample evaluation (issue 16)",
 ) -> str:
     """Markdown of the test-set evaluation under each profile plus the sensitivity plot (see module docstring)."""
+    t_all = time.perf_counter()
     test = load_eval_set(set_path)
     tuning = load_eval_set(tuning_path) if tuning_path and resolve(tuning_path).is_file() else None
-    out = [heading + "\n", protocol_text(test, tuning), criteria_text() + " " + columns_text(policy) + "\n"]
+    out = [f"<!-- section:{SECTION} -->", heading + "\n", protocol_text(test, tuning)]
+    out.append(criteria_text() + " " + columns_text(policy) + "\n")
     first = True
     for label, config in profiles:
         if not resolve(config).is_file():
@@ -133,4 +140,10 @@ def results_section(
             out.append(profile_text(label, config, res))
         first = False
         log(f"  test set under {label}: {len(res.workloads)} workloads, {time.perf_counter() - t0:.0f} s")
+    # The section can be regenerated on its own, so it states when and where its figures were measured.
+    out.append(
+        f"Measured: {dt.date.today().isoformat()}, {time.perf_counter() - t_all:.0f} s with {jobs} simulation "
+        f"process(es) (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end).\n"
+    )
+    out.append(f"<!-- /section:{SECTION} -->\n")
     return "\n".join(out)

@@ -10,6 +10,8 @@ Experiments (40 simulated GPUs, 5 nodes × 8, degrees 4 and 8, configs/sim-40gpu
 3. the simulator's speed on the conversation trace;
 4. the cache-manager ablation on the hot-prefix test set under KV pressure (:mod:`vertumnus.sim.cache_report`;
    ``--only cache-ablation`` reruns just that section and rewrites it in place);
+   the out-of-sample test set under both profiles (:mod:`vertumnus.sim.eval_results`; ``--only out-of-sample``
+   likewise);
 5. sections 1 and 2 again under the second cost profile (configs/sim-40gpu-aic.yaml: the same config with the
    AIConfigurator-modelled profile), side by side with the first, and the two profiles' E_C curves
    (:mod:`vertumnus.sim.report_profiles`).
@@ -34,6 +36,8 @@ from vertumnus.controller.lattice import Lattice
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.sim.cache_report import SECTION as CACHE_SECTION
 from vertumnus.sim.cache_report import cache_section
+from vertumnus.sim.eval_results import SECTION as OOS_SECTION
+from vertumnus.sim.eval_results import results_section
 from vertumnus.sim.inputs import Workload, load_cost, load_sim_config, load_workload_requests, resolve
 from vertumnus.sim.policies import BASELINES, LOWER_BOUND
 from vertumnus.sim.report_profiles import SECOND_CONFIG, ProfileRuns, render_section
@@ -209,15 +213,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="Processes for the out-of-sample test-set runs.")
     ap.add_argument(
         "--only",
-        choices=[CACHE_SECTION],
+        choices=[CACHE_SECTION, OOS_SECTION],
         default=None,
         help="Rerun one marked section and rewrite just it in --out (the rest of the file is kept).",
     )
     args = ap.parse_args(argv)
     if args.only:
         out = Path(args.out)
-        text = cache_section(args.jobs, log, _load_text)
-        out.write_text(splice(out.read_text() if out.exists() else "", CACHE_SECTION, text))
+        if args.only == CACHE_SECTION:
+            text = cache_section(args.jobs, log, _load_text)
+        else:
+            text = results_section(out.parent / "img", out.parent, jobs=args.jobs, log=log)
+        out.write_text(splice(out.read_text() if out.exists() else "", args.only, text))
         log(f"rewrote section {args.only} of {out}")
         return 0
     t0 = time.perf_counter()
@@ -244,8 +251,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         profiles = "\n" + second_profile(cfg, cost, rate_runs, phase, img, out.parent)
     oos = ""  # out-of-sample test set under every bundled profile (vertumnus.sim.eval_results)
     if not args.quick:
-        from vertumnus.sim.eval_results import results_section
-
         log("out-of-sample test set")
         oos = "\n" + results_section(img, out.parent, jobs=args.jobs, log=log)
     cache_oos = ""
