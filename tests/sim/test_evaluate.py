@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from vertumnus.cli.main import main
-from vertumnus.sim.eval_report import markdown_summary
+from vertumnus.sim.eval_report import markdown_phases, markdown_summary, workload_heading
 from vertumnus.sim.eval_set import load_eval_set
 from vertumnus.sim.evaluate import STATIC, EvalResult, RunDigest, all_compositions, derive, evaluate, mean_digest
 from vertumnus.sim.inputs import load_cost, load_sim_config
@@ -284,6 +284,12 @@ def test_replicates_run_every_composition_on_the_same_streams_and_report_means(c
         sum(ps) for ps in zip(*([s["requests"] for s in phase_summaries(d.arrays, g.bounds)]
                                 for d, g in zip(direct, gens, strict=True)), strict=True)
     ]  # fmt: skip
+    # the report states that its request counts are totals over the streams, in the heading and the phase table
+    total = sum(len(g.requests) for g in gens)
+    assert workload_heading(w).startswith(f"tiny (alternating, {w.policy.summary['requests']} requests on 2 streams")
+    table = markdown_phases(w, "vertumnus")
+    assert "| requests (2 streams) |" in table
+    assert sum(int(line.split("|")[6]) for line in table.splitlines()[2:]) == w.policy.summary["requests"] == total
     pol = [run_policy(g.requests, cfg, cost, "vertumnus", "6xCP4+2xCP8") for g in gens]
     assert w.policy.mean == pytest.approx(sum(p.summary["mean_ttft_s"] for p in pol) / 2)
     assert w.verdict.ratio_start == pytest.approx(w.policy.mean / start.mean)

@@ -87,10 +87,25 @@ def markdown_fixed(res: EvalResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _streams_of(w: WorkloadResult) -> int:
+    return int(w.policy.summary.get("replicates", 1))
+
+
+def workload_heading(w: WorkloadResult) -> str:
+    """``name (pattern, N requests, T s, start S)``; with several request streams N is their total, as in the
+    per-phase table (each stream is drawn separately, so their sizes differ a little)."""
+    n = _streams_of(w)
+    reqs = f"{w.requests} requests" if n == 1 else f"{int(w.policy.summary['requests'])} requests on {n} streams"
+    return f"{w.name} ({w.pattern}, {reqs}, {w.duration_s:.0f} s, start {w.start})"
+
+
 def markdown_phases(w: WorkloadResult, policy: str) -> str:
-    """Per-phase table of one workload: the policy against each phase's best fixed composition."""
-    head = ("phase", "span (s)", "load", "long share", "req/s", "requests", f"{policy} mean", "P90",
-            "best fixed of the phase", "÷best")  # fmt: skip
+    """Per-phase table of one workload: the policy against each phase's best fixed composition.
+
+    ``requests`` is the phase's count summed over the request streams (mean TTFTs are means over them)."""
+    n = _streams_of(w)
+    head = ("phase", "span (s)", "load", "long share", "req/s", "requests" if n == 1 else f"requests ({n} streams)",
+            f"{policy} mean", "P90", "best fixed of the phase", "÷best")  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * 5 + "---:|---|---:|"]
     for ph, lay in zip(w.verdict.phases, w.phases, strict=True):
         load = f"{lay['load']:.2f}" + (f"→{lay['load_end']:.2f}" if lay["load_end"] is not None else "")
@@ -112,7 +127,7 @@ def markdown_report(res: EvalResult, title: str | None = None) -> str:
            markdown_summary(res), "## Every fixed composition (whole-run mean TTFT, s; best in bold)\n",
            markdown_fixed(res), "## Per phase\n"]  # fmt: skip
     for w in res.workloads:
-        out.append(f"### {w.name} ({w.pattern}, {w.requests} requests, {w.duration_s:.0f} s, start {w.start})\n")
+        out.append(f"### {workload_heading(w)}\n")
         out.append(markdown_phases(w, res.policy))
     return "\n".join(out)
 
