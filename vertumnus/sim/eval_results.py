@@ -145,7 +145,7 @@ def results_section(
     # The section can be regenerated on its own, so it states when and where its figures were measured.
     out.append(
         f"Measured: {dt.date.today().isoformat()}, {time.perf_counter() - t_all:.0f} s with {jobs} simulation "
-        f"process(es) (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end).\n"
+        f"process{'es' if jobs > 1 else ''} (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end).\n"
     )
     out.append(f"<!-- /section:{SECTION} -->\n")
     return "\n".join(out)

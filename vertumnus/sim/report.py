@@ -10,11 +10,11 @@ Experiments (40 simulated GPUs, 5 nodes × 8, degrees 4 and 8, configs/sim-40gpu
 3. the simulator's speed on the conversation trace;
 4. the cache-manager ablation on the hot-prefix test set under KV pressure (:mod:`vertumnus.sim.cache_report`;
    ``--only cache-ablation`` reruns just that section and rewrites it in place);
-   the out-of-sample test set under both profiles (:mod:`vertumnus.sim.eval_results`; ``--only out-of-sample``
-   likewise);
 5. sections 1 and 2 again under the second cost profile (configs/sim-40gpu-aic.yaml: the same config with the
    AIConfigurator-modelled profile), side by side with the first, and the two profiles' E_C curves
-   (:mod:`vertumnus.sim.report_profiles`).
+   (:mod:`vertumnus.sim.report_profiles`);
+6. the out-of-sample test set (issue 16) under both profiles (:mod:`vertumnus.sim.eval_results`;
+   ``--only out-of-sample`` reruns just that section and rewrites it in place).
 
 Every figure in docs/results.md is computed here from the runs; nothing is typed in by hand.
 """
