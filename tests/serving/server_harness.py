@@ -171,16 +171,18 @@ def free_port() -> int:
 
 
 def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float = START_TIMEOUT_S) -> None:
-    """Until ``url``/health answers 200; RuntimeError with the tail of ``log`` if the server exits first or
-    ``timeout_s`` passes (a bound on a failure, not a speed assertion)."""
+    """Until ``url``/health answers 200 with the server's own body (``{"status": "ok"}``: another program that
+    happens to hold the port is not taken for the server); RuntimeError with the tail of ``log`` if the server
+    exits first or ``timeout_s`` passes (a bound on a failure, not a speed assertion)."""
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text(errors='replace')[-4000:]}")
         try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
+            r = httpx.get(url + "/health", timeout=5)
+            if r.status_code == 200 and r.json() == {"status": "ok"}:
                 return
-        except httpx.HTTPError:
+        except (httpx.HTTPError, ValueError):  # not up yet, or not JSON (not the server)
             pass
         if time.monotonic() > deadline:
             raise RuntimeError(f"server not healthy in {timeout_s:.0f} s:\n{log.read_text(errors='replace')[-4000:]}")

@@ -126,12 +126,19 @@ def check_vocab(cfg: VertumnusConfig) -> None:
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: any free port) — bound before start-up so the port is known early."""
+    """A listening socket (port 0: any free port) — bound before start-up so the port is known early.
+
+    It listens at once, not only when uvicorn starts serving: start-up (Ray, its agents, the engines) opens
+    ports of its own for tens of seconds, and a socket that is merely bound with SO_REUSEADDR does not stop
+    another SO_REUSEADDR socket from binding and listening on the same port first (seen in the test suite: a
+    Ray agent's metrics endpoint answered on the server's port). A listening socket does. Connections made
+    during start-up wait in the backlog and are answered once the app is up."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's default backlog; asyncio listens again with it, which is harmless
     except OSError as e:
         sock.close()
         raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}") from None
