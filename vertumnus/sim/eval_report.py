@@ -91,12 +91,17 @@ def _streams_of(w: WorkloadResult) -> int:
     return int(w.policy.summary.get("replicates", 1))
 
 
-def workload_heading(w: WorkloadResult) -> str:
-    """``name (pattern, N requests, T s, start S)``; with several request streams N is their total, as in the
+def workload_facts(w: WorkloadResult) -> str:
+    """``(pattern, N requests, T s, start S)``; with several request streams N is their total, as in the
     per-phase table (each stream is drawn separately, so their sizes differ a little)."""
     n = _streams_of(w)
     reqs = f"{w.requests} requests" if n == 1 else f"{int(w.policy.summary['requests'])} requests on {n} streams"
-    return f"{w.name} ({w.pattern}, {reqs}, {w.duration_s:.0f} s, start {w.start})"
+    return f"({w.pattern}, {reqs}, {w.duration_s:.0f} s, start {w.start})"
+
+
+def workload_heading(w: WorkloadResult) -> str:
+    """``name (pattern, N requests, T s, start S)`` (see :func:`workload_facts`)."""
+    return f"{w.name} {workload_facts(w)}"
 
 
 def markdown_phases(w: WorkloadResult, policy: str) -> str:

@@ -22,7 +22,7 @@ from vertumnus.sim.eval_report import (
     markdown_phases,
     markdown_summary,
     sensitivity_table,
-    workload_heading,
+    workload_facts,
 )
 from vertumnus.sim.eval_set import EvalSet, load_eval_set
 from vertumnus.sim.evaluate import EvalResult, evaluate
@@ -88,8 +88,7 @@ def profile_text(label: str, config: str, res: EvalResult) -> str:
            "Whole-run mean TTFT (s) of every fixed composition, best in bold:\n", markdown_fixed(res),
            "<details><summary>Per phase: the policy against each phase's best fixed one</summary>\n"]  # fmt: skip
     for w in res.workloads:
-        name, rest = workload_heading(w).split(" ", 1)
-        out.append(f"**{name}** {rest}\n")
+        out.append(f"**{w.name}** {workload_facts(w)}\n")
         out.append(markdown_phases(w, res.policy))
     out.append("</details>\n")
     return "\n".join(out)
