@@ -246,6 +246,47 @@ def test_one_operation_per_decision_when_concurrency_is_one() -> None:
     assert began(res.reconfigs[1]) == pytest.approx(2.0)  # the next check, not the same decision
 
 
+@pytest.mark.parametrize(("while_reconfiguring", "second"), [(False, 5.0), (True, 2.0)])
+def test_a_second_split_starts_while_the_first_is_in_flight(while_reconfiguring: bool, second: float) -> None:
+    # The two-block burst above, one operation per decision and a 3-s switch: the 1-s check splits worker 0
+    # (in flight until ~4 s). With split_while_reconfiguring the 2-s check still decides, on the ACTIVE worker 1,
+    # and splits it beside the running plan; without, nothing is decided until the first split committed and
+    # worker 1 waits for the next window end (5 s).
+    c = cfg(2, max_concurrent_ops=1, switch_s=3.0, split_while_reconfiguring=while_reconfiguring)
+    times = [k / 30 for k in range(30 * 20)]
+    res = run(c, requests(c, times, 4096), "2xCP8")
+    assert [(r.kind, r.sources, r.targets) for r in res.reconfigs] == [
+        ("split", (0,), (2, 3)),
+        ("split", (1,), (4, 5)),
+    ]
+    assert [began(r) for r in res.reconfigs] == pytest.approx([1.0, second])
+    # the second began before the first committed (two plans in flight) only when deciding while reconfiguring
+    assert (began(res.reconfigs[1]) < res.reconfigs[0].time_s) == while_reconfiguring
+    assert res.summary["completed"] == len(times) and res.summary["rejected"] == 0
+
+
+def test_a_decision_beside_a_running_split_counts_its_targets_as_capacity(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2 nodes as 2xCP8; 64K-token requests at 1.9 req/s (a CP8 serves ~0.78/s, two CP4 ~1.08/s): worker 1 is split
+    # at 17 s, and the 2xCP4 on their way make the pool big enough — no second split while it runs or after.
+    # Counting only the ACTIVE workers (the targets left out) sees one CP8 against the load and splits worker 0
+    # at the next check, 18 s.
+    from vertumnus.controller import controller as controller_module
+
+    c = cfg(2, max_concurrent_ops=1, switch_s=3.0, split_while_reconfiguring=True)
+    times = [k / 1.9 for k in range(76)]
+    res = run(c, requests(c, times, 65536), "2xCP8")
+    assert [(r.kind, r.sources, r.targets, began(r)) for r in res.reconfigs] == [
+        ("split", (1,), (2, 3), pytest.approx(17.0))
+    ]
+    monkeypatch.setattr(controller_module, "incoming_workers", lambda *_: [])
+    blind = run(c, requests(c, times, 65536), "2xCP8")
+    assert [(r.sources, began(r)) for r in blind.reconfigs] == [
+        ((1,), pytest.approx(17.0)),
+        ((0,), pytest.approx(18.0)),
+    ]
+    assert res.summary["completed"] == blind.summary["completed"] == len(times)
+
+
 # -- decisions computed off the pool (the server's thread; the simulator models the delay) --------------------
 def test_a_deferred_decision_acts_when_it_lands() -> None:
     # The overload scenario above with the replay off the pool: the 1-s check's snapshot is acted on 0.4 s later.

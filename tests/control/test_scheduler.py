@@ -17,12 +17,15 @@ COST = CostModel.from_file(REPO_ROOT / DEFAULT_PROFILE)
 NO_MATCH = PrefixMatch(0, {})
 
 
-def make(lam: float = 0.1, beta: float = 1.0, kv: int = 2048, max_len: int = 131072) -> Scheduler:
+def make(
+    lam: float = 0.1, beta: float = 1.0, kv: int = 2048, max_len: int = 131072, price_pending: bool = False
+) -> Scheduler:
     cfg = config_from_dict(
         {
             "pool": {"nodes": 2, "gpus_per_node": 8, "degrees": [4, 8], "kv_capacity_blocks_per_rank": kv,
                      "max_model_len": max_len},
             "scheduler": {"beta": beta, "lam": lam},
+            "cache": {"price_pending": price_pending},
         }
     )  # fmt: skip
     s = Scheduler(cfg, COST)
@@ -234,3 +237,20 @@ def test_a_held_prefix_never_makes_a_prompt_larger_than_the_worker_eligible() ->
     assert p is not None and (p.worker_id, p.cached_tokens) == (0, 0)
     s.set_state(0, WorkerState.DRAINING)
     assert s.place(req("y", 70 * 512), PrefixMatch(60, {1: 60}), 0.0) is None  # waits for the CP8
+
+
+@pytest.mark.parametrize("price_pending", [False, True])
+def test_a_pending_prefix_is_priced_with_its_reconciliation_when_configured(price_pending: bool) -> None:
+    # 32K tokens. Worker 2 (CP4) was just split off and is assigned the first 48 blocks pending (the other half
+    # of their KV on its sibling's ranks); nobody holds them validly. Unpriced, every worker is a miss and the
+    # CP8 wins (as for any uncached 32K prompt). Priced: E_4(32K − 24K, 24K) + 48 blocks × 48 MiB / 400 GB/s
+    # beats any miss.
+    s = make(price_pending=price_pending)
+    p = s.place(req("x", 32768), PrefixMatch(48, {}, {2: 48}), 0.0)
+    assert p is not None
+    if not price_pending:
+        assert (p.worker_id, p.cached_tokens) == (0, 0)
+        return
+    copy_s = 48 * (512 * 48 * 2 * 4 * 128 * 2) / 400e9
+    assert (p.worker_id, p.cached_tokens) == (2, 48 * 512)
+    assert p.predicted_s == pytest.approx(COST.predict(4, 32768 - 48 * 512, 48 * 512) + copy_s)

@@ -31,6 +31,7 @@ from vertumnus.controller.predictive import (
     Decision,
     PredictiveModel,
     WorkerNow,
+    incoming_workers,
     observed_stress,
     worker_states,
 )
@@ -63,6 +64,7 @@ class PendingDecision:
     burst: ReplayArrivals | None
     shape: tuple[tuple[int, int], ...]
     merge_stress: float | None = None  # this decision's stress factor (None: the configured one)
+    inflight: tuple[int, ...] = ()  # epochs of the plans in flight when it was prepared
 
 
 class Controller:
@@ -105,6 +107,9 @@ class Controller:
         self.stress_windows = cc.merge_stress_windows
         self.check_interval_s = cc.check_interval_s if cc.policy == "predictive" else None
         self.burst_s = cc.burst_lookback_s
+        # predictive: keep looking for splits (on ACTIVE workers) while plans are in flight
+        self.split_in_flight = cc.policy == "predictive" and cc.split_while_reconfiguring
+        self.switch_s = cc.switch_s
         self.next_check = float("inf")  # predictive: next between-windows split check
         self.model = PredictiveModel(
             cost, lattice.degrees, cfg.scheduler.beta, cfg.scheduler.lam, cc.switch_s, cc.max_concurrent_ops,
@@ -139,7 +144,7 @@ class Controller:
             assert self.check_interval_s is not None
             while self.next_check <= now:
                 self.next_check += self.check_interval_s
-            if not closed and self.epochs.current is None:
+            if not closed and (self.epochs.current is None or self.split_in_flight):
                 self._predictive(None, now)
 
     def skip_idle(self, until: float) -> int:
@@ -176,6 +181,8 @@ class Controller:
         self.demands.append(report.demand_s)
         if self.epochs.current is not None:
             self.account.busy()
+            if self.split_in_flight:  # a window end while plans run: a split check, as between windows
+                self._predictive(None, now)
             return report
         if self.policy == "predictive":
             self._predictive(report, now)
@@ -238,22 +245,33 @@ class Controller:
         picked = self.log.forecast(now, self.lookback_s, self.min_forecast)
         burst = self.model.arrivals(self.log.burst(now, self.burst_s, self.lookback_s))
         workers = worker_states(sched, self.lattice, now)
+        if self.epochs.inflight:  # (split_in_flight) the targets on their way count as capacity
+            workers += incoming_workers(self.epochs, self.switch_s, now)
         stress = None
         if report is not None and self.stress_windows > 0:
             recent = max(1, round(self.lookback_s / self.window_s))
             stress = observed_stress(self.demands, recent, self.model.merge_stress)
-        return PendingDecision(report, now, workers, self.model.arrivals(picked), ops, burst, self._shape(), stress)
+        return PendingDecision(
+            report, now, workers, self.model.arrivals(picked), ops, burst, self._shape(), stress, self._inflight()
+        )
 
     def _shape(self) -> tuple[tuple[int, int], ...]:
         """The composition's identity (worker id, degree): a decision computed on another one is stale."""
         return tuple(sorted((wid, g.degree) for wid, g in self.lattice.groups.items()))
 
+    def _inflight(self) -> tuple[int, ...]:
+        """The plans in flight (their epochs): a decision prepared beside other plans is stale too."""
+        return tuple(r.plan.epoch for r in self.epochs.inflight)
+
     def finish(self, job: PendingDecision, decision: Decision, now: float) -> None:
-        """Act on a computed decision — unless the pool changed meanwhile (an operation began, the composition
-        moved): then it is dropped as stale (``stale_decisions``)."""
+        """Act on a computed decision — unless the pool changed meanwhile (an operation began or ended, the
+        composition moved): then it is dropped as stale (``stale_decisions``). With plans in flight only a split
+        check's decision is acted on (``split_while_reconfiguring``); its operations are on ACTIVE workers,
+        disjoint from the plans in flight."""
         if self._deciding is job:
             self._deciding = None
-        if self.epochs.current is not None or job.shape != self._shape():
+        busy = self.epochs.current is not None and (not self.split_in_flight or job.report is not None)
+        if busy or job.shape != self._shape() or job.inflight != self._inflight():
             self.stale_decisions += 1
             return
         report = job.report

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vertumnus.controller.epochs import EpochManager, Phase
 from vertumnus.controller.lattice import Lattice, LatticeOp
 from vertumnus.controller.replay import ReplayArrivals, ReplayWorkers, replay_mean_ttft
 from vertumnus.profiling.cost_model import CostModel
@@ -199,6 +200,30 @@ def worker_states(scheduler: Scheduler, lattice: Lattice, now: float) -> list[Wo
             else:
                 queued.append((t.request.input_len, t.placement.cached_tokens))
         out.append(WorkerNow(wid, lattice.groups[wid].degree, scheduler.queue_s(wid, now), running_left, queued))
+    return out
+
+
+def running_left(scheduler: Scheduler, worker_id: int, now: float) -> float:
+    """Remaining predicted time of the worker's running prefill (0 when idle)."""
+    left = 0.0
+    for t in scheduler.tickets_at(worker_id):
+        if t.running:
+            left = max(left, t.started_s + t.placement.predicted_s - now)
+    return left
+
+
+def incoming_workers(epochs: EpochManager, switch_s: float, now: float) -> list[WorkerNow]:
+    """The targets of the plans in flight, as idle workers that become free when their plan is predicted to
+    commit: a draining plan once its sources' running prefills end + the switch, a switching one at the end of
+    its switch. A decision taken while operations run must count the capacity already on its way, or it would
+    split again for the load that the running splits answer."""
+    out: list[WorkerNow] = []
+    for r in epochs.inflight:
+        if r.phase == Phase.DRAIN:
+            ready = max(running_left(epochs.scheduler, s.worker_id, now) for s in r.plan.sources) + switch_s
+        else:
+            ready = max(0.0, r.switch_start_s + switch_s - now)
+        out.extend(WorkerNow(t.worker_id, t.degree, ready, ready, []) for t in r.plan.targets)
     return out
 
 

@@ -67,6 +67,9 @@ class Scheduler:
         self.block_tokens = cfg.cache.block_tokens
         self.max_model_len = cfg.pool.max_model_len
         self.kv_per_rank = cfg.pool.kv_capacity_blocks_per_rank
+        # seconds per pending block to reconcile (from the sibling, same node), None: pending is not priced
+        cc = cfg.cache
+        self.pending_block_s = cc.bytes_per_block / (cc.intra_node_gbps * 1e9) if cc.price_pending else None
         self.beta = cfg.scheduler.beta
         self.lam = cfg.scheduler.lam
         self.table = WorkerTable()
@@ -261,6 +264,12 @@ class Scheduler:
             k = index.get(wid)
             if k is not None and h > 0 and ev[k]:
                 holders.append((k, h, qv[k]))
+        pend = match.pending_blocks if self.pending_block_s is not None else None
+        if pend:  # workers with a pending prefix longer than their valid one are evaluated like holders
+            for wid, p in pend.items():
+                k = index.get(wid)
+                if k is not None and p > 0 and ev[k] and match.held_blocks.get(wid, 0) == 0:
+                    holders.append((k, 0, qv[k]))
         qm[~eligible] = np.inf
         for k, _, _ in holders:
             qm[k] = np.inf  # evaluated individually below
@@ -296,6 +305,13 @@ class Scheduler:
                 f = factors[c]
                 cached = min(h * B, L - 1)
                 e = predict(c, L - cached, cached)
+                p = pend.get(ids[k], 0) if pend else 0
+                if p > h:  # reconcile the pending blocks before the prefill (an upper bound: some are present)
+                    assert self.pending_block_s is not None
+                    p_cached = min(p * B, L - 1)
+                    e_p = predict(c, L - p_cached, p_cached) + (p - h) * self.pending_block_s
+                    if e_p < e:
+                        e, cached = e_p, p_cached
                 if fv > h and qk <= fq:
                     e_f = predict(c, L - f_cached, f_cached) + (fv - h) * fs
                     if e_f < e:
