@@ -167,6 +167,13 @@ class PrefillPool:
             self._job_op[request.request_id] = op.op_id
             if op.src_worker is not None:
                 reuse = len(op.keys)
+        else:
+            # Priced with blocks a copy already in flight into this worker brings (an earlier request's
+            # reconcile or fetch, attached to a job ahead of this one in the worker's FCFS queue, so it lands
+            # before this prefill starts): reuse them too. The engine reuses fewer if the copy fails.
+            priced = placement.cached_tokens // self.cfg.cache.block_tokens
+            if priced > reuse and self.cache.copy_incoming(keys[:priced], wid):
+                reuse = priced
         if reuse > 0:
             self.cache.pin(wid, keys, reuse)
             self._pins[request.request_id] = (wid, keys, reuse)

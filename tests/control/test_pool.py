@@ -359,6 +359,15 @@ def test_pending_prefix_after_split_is_reconciled_at_first_reuse() -> None:
     op = job.reconcile
     assert op is not None and (op.src_worker, op.dst_worker, op.first_missing, op.keys) == (2, 1, 4, keys)
     assert job.max_reuse_blocks == 8
+    # a second request for the prefix while the copy is in flight (the other child busy with a cold 16K prompt):
+    # the same worker, priced with the pending prefix, no second copy, and it may reuse what the copy brings —
+    # the copy lands before b's prefill, which is ahead of c's
+    x = rig.pool.submit(req("x", 16384, list(range(100, 132))))
+    assert x is not None and x.worker_id == 2
+    q = rig.pool.submit(req("c", 8 * 512 + 100, hashes))
+    assert q is not None and (q.worker_id, q.cached_tokens) == (1, 4096)
+    second = rig.plane.queues[1][1]
+    assert second.request.request_id == "c" and second.reconcile is None and second.max_reuse_blocks == 8
     rig.pool.cache_report(CacheReport(1, CacheReportKind.STORED, keys[4:], keys[3], op_id=op.op_id))
     assert rig.done.ops == [(op.op_id, True)]
     assert rig.pool.cache.match(keys).held_blocks[1] == 8

@@ -225,6 +225,11 @@ class CacheManager:
             self.counters["hot_ordered"] += 1
         return op
 
+    def copy_incoming(self, keys: Sequence[int], worker_id: int) -> bool:
+        """Whether a copy bringing the last of ``keys`` into ``worker_id`` is in flight (a reconcile or fetch
+        ordered for an earlier request there)."""
+        return bool(keys) and self.book.incoming_at(keys[-1], worker_id)
+
     def pin(self, worker_id: int, keys: Sequence[int], n_blocks: int) -> None:
         """Mark ``keys[:n_blocks]`` in use at the worker (queued / running request): never reclaimed there."""
         w = self._worker(worker_id)
