@@ -172,7 +172,7 @@ class PrefillPool:
             # reconcile or fetch, attached to a job ahead of this one in the worker's FCFS queue, so it lands
             # before this prefill starts): reuse them too. The engine reuses fewer if the copy fails.
             priced = placement.cached_tokens // self.cfg.cache.block_tokens
-            if priced > reuse and self.cache.copy_incoming(keys[:priced], wid):
+            if priced > reuse and self.cache.copy_incoming(keys[priced - 1], wid):
                 reuse = priced
         if reuse > 0:
             self.cache.pin(wid, keys, reuse)

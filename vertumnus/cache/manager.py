@@ -225,10 +225,10 @@ class CacheManager:
             self.counters["hot_ordered"] += 1
         return op
 
-    def copy_incoming(self, keys: Sequence[int], worker_id: int) -> bool:
-        """Whether a copy bringing the last of ``keys`` into ``worker_id`` is in flight (a reconcile or fetch
-        ordered for an earlier request there)."""
-        return bool(keys) and self.book.incoming_at(keys[-1], worker_id)
+    def copy_incoming(self, key: int, worker_id: int) -> bool:
+        """Whether a copy bringing block ``key`` into ``worker_id`` is in flight (a reconcile or fetch ordered
+        for an earlier request there)."""
+        return self.book.incoming_at(key, worker_id)
 
     def pin(self, worker_id: int, keys: Sequence[int], n_blocks: int) -> None:
         """Mark ``keys[:n_blocks]`` in use at the worker (queued / running request): never reclaimed there."""

@@ -109,7 +109,6 @@ class Controller:
         self.burst_s = cc.burst_lookback_s
         # predictive: keep looking for splits (on ACTIVE workers) while plans are in flight
         self.split_in_flight = cc.policy == "predictive" and cc.split_while_reconfiguring
-        self.switch_s = cc.switch_s
         self.next_check = float("inf")  # predictive: next between-windows split check
         self.model = PredictiveModel(
             cost, lattice.degrees, cfg.scheduler.beta, cfg.scheduler.lam, cc.switch_s, cc.max_concurrent_ops,
@@ -246,7 +245,7 @@ class Controller:
         burst = self.model.arrivals(self.log.burst(now, self.burst_s, self.lookback_s))
         workers = worker_states(sched, self.lattice, now)
         if self.epochs.inflight:  # (split_in_flight) the targets on their way count as capacity
-            workers += incoming_workers(self.epochs, self.switch_s, now)
+            workers += incoming_workers(self.epochs, self.model.switch_s, now)
         stress = None
         if report is not None and self.stress_windows > 0:
             recent = max(1, round(self.lookback_s / self.window_s))
