@@ -13,12 +13,41 @@ module starts and closes its own engines and resets them per test through its ow
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from vertumnus.engines.vllm.availability import unavailable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# The session's Ray temp dir (set by ray_cluster). The engines run in Ray actors with log_to_driver=False, so an
+# engine that fails to start leaves its root cause only in the actor's log file, which goes with the temp dir at
+# teardown; a failing test's report carries those logs' error tails instead (see pytest_runtest_makereport).
+_RAY_TEMP: list[str] = []
+_TAIL_LINES = 60
+
+
+def ray_error_tails(temp: str, files: int = 3) -> str:
+    """The last lines of the Ray worker logs under ``temp`` that hold a traceback or an error, newest last."""
+    logs = Path(temp) / "session_latest" / "logs"
+    found = []
+    for f in sorted(logs.glob("worker-*.err"), key=lambda p: p.stat().st_mtime):
+        text = f.read_text(errors="replace")
+        if "Traceback" in text or "Error" in text:
+            found.append(f"== {f.name}\n" + "\n".join(text.splitlines()[-_TAIL_LINES:]))
+    return "\n".join(found[-files:])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    """A failed test or fixture of this directory reports the Ray workers' error tails (the engines' stderr)."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed and _RAY_TEMP:
+        tails = ray_error_tails(_RAY_TEMP[0])
+        if tails:
+            rep.sections.append(("Ray worker logs (error tails)", tails))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -54,6 +83,8 @@ def ray_cluster():  # type: ignore[no-untyped-def]
         # 15: beside other work on the machine an engine restart then starves past the tests' waits)
         _system_config={"worker_niceness": WORKER_NICENESS},
     )  # fmt: skip
+    _RAY_TEMP.append(temp)
     yield
     ray.shutdown()
+    _RAY_TEMP.remove(temp)
     shutil.rmtree(temp, ignore_errors=True)
