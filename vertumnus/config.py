@@ -221,6 +221,24 @@ class ControllerConfig(_Section):
         "last this many windows over the forecast span's mean demand, between 1 and merge_stress; 0 = always "
         "merge_stress.",
     )
+    # Chosen on the tuning set (2026-12-05, policy runs, 3 streams; geomean mean TTFT relative to 0, calibrated /
+    # AIC): 0.1 0.9996 / 0.9994; 0.2 0.9951 / 0.9955 (adopted: steady-1.0 0.984 / 0.957); 0.3 0.9994 / 0.9986;
+    # relative to 0.2: 0.15 1.0020 / 1.0016, 0.25 1.0005 / 1.0030; the upper rate only ((1, 1 + 0.2)) 0.9995 / 1.0093.
+    forecast_rate_spread: float = Field(
+        0.2,
+        ge=0,
+        lt=1,
+        description="Predictive: a move's objective is its mean over the forecast at (1 − u)×, 1× and (1 + u)× its "
+        "rate (the forecast is one noisy sample and TTFT is convex in the load); 0: the forecast alone.",
+    )
+    # On the tuning set with forecast_rate_spread 0.2 (2026-12-05, relative to False, calibrated / AIC): 0.9988 /
+    # 1.0000 — calibrated steady-0.45 0.985 (one stream split both CP8 at 1 s on ~11 arrivals tiled over the span,
+    # then merged back); no other workload moved.
+    wait_for_min_forecast: bool = Field(
+        True,
+        description="Predictive: no decision until the pool has seen min_forecast_requests arrivals or a forecast "
+        "span since its first, unless a request is waiting (a young log's forecast tiles a handful of arrivals).",
+    )
     split_persist_windows: int = Field(1, ge=1, description="Predictive: windows a split must be wanted.")
     # On the tuning set (2026-12-05, policy runs, 3 streams, relative to False, calibrated / AIC): 0.9978 / 1.0001 —
     # with the 0.8-s switch an operation is over before the next check wants another; kept off (the default then

@@ -238,6 +238,49 @@ def test_merges_go_one_per_decision_unless_configured_otherwise(max_merges: int,
     assert d.best_merge.objective == pytest.approx(objective)
 
 
+@pytest.mark.parametrize(
+    ("gap", "spread", "want", "stay"),
+    [(1.1, 0.0, None, 1.0), (1.1, 0.2, ReconfigKind.SPLIT, (1.0 + 1.0 + 2.625) / 3), (1.2, 0.2, None, 1.0)],
+)
+def test_the_objective_prices_the_forecasts_rate_spread(
+    gap: float, spread: float, want: ReconfigKind | None, stay: float
+) -> None:
+    # One idle CP8 (Ê_8 = 1.0 s) or two CP4 ready after the 0.8-s switch (Ê_4 = 1.2 s); 40 requests `gap` s
+    # apart. At the forecast's rate the CP8 serves each before the next arrives (TTFT 1.0 < the split's ~1.22).
+    # With a 20% spread the objective also replays them 1.2× faster: 1.1 s apart → 0.917 s, and the CP8 falls
+    # behind by 0.083 s a request: mean TTFT 1 + 0.083 · 19.5 = 2.625 there, (1 + 1 + 2.625) / 3 on average, while
+    # the two CP4 keep up at every rate → split. 1.2 s apart → 1.0 s at 1.2×: the CP8 still keeps up → stay.
+    lattice = Lattice(1, 8, [4, 8])
+    (w,) = lattice.build({8: 1})
+    model = PredictiveModel(COST, [4, 8], 1.0, 0.0, 0.8, 4, 0.02, 0.05, 2.0, rate_spread=spread)
+    ops = {ReconfigKind.SPLIT: lattice.ops(ReconfigKind.SPLIT)}
+    forty = ReplayArrivals(np.arange(40) * gap, {4: np.full(40, 1.2), 8: np.full(40, 1.0)})
+    d = model.decide([WorkerNow(w.worker_id, 8, 0.0, 0.0, [])], forty, ops)
+    assert d.want == want
+    assert d.stay.objective == pytest.approx(stay)
+    assert d.best_split is not None and d.best_split.objective < 1.25
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_no_decision_on_a_handful_of_first_arrivals(wait: bool) -> None:
+    # 2xCP4; ten 4K-token requests 0.6 s apart from 0 (~0.11 s each: nothing ever waits). At the window end at
+    # 5 s the pool has seen 9 arrivals, fewer than min_forecast_requests (32), within a forecast span (10 s) of its
+    # first, and none waits: with wait_for_min_forecast there is no decision (nor at the split checks before).
+    # Without it the window end decides on those 9 arrivals tiled over the span.
+    c = cfg(1, wait_for_min_forecast=wait)
+    times = [0.6 * k for k in range(10)]
+    sim = Simulation(requests(c, times, 4096), c, COST, "vertumnus", "2xCP4")
+    res = sim.run()
+    ctl = sim.pool.controller
+    window = list(ctl.reports)  # the window end at 5 s (the run ends at ~5.5 s)
+    assert len(window) == 1
+    if wait:
+        assert window[0].reason == "too few arrivals seen yet to forecast" and ctl.last_decision is None
+    else:
+        assert ctl.last_decision is not None and window[0].reason == ctl.last_decision.reason
+    assert res.reconfigs == [] and res.summary["completed"] == len(times)
+
+
 def test_one_operation_per_decision_when_concurrency_is_one() -> None:
     c = cfg(2, max_concurrent_ops=1)
     times = [k / 30 for k in range(30 * 15)]

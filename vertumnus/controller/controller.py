@@ -113,8 +113,9 @@ class Controller:
         self.model = PredictiveModel(
             cost, lattice.degrees, cfg.scheduler.beta, cfg.scheduler.lam, cc.switch_s, cc.max_concurrent_ops,
             cc.split_margin, cc.merge_margin, cc.merge_stress, cc.burst_split_margin, cc.max_concurrent_merges,
-            cc.burst_split_full_slack,
+            cc.burst_split_full_slack, cc.forecast_rate_spread,
         )  # fmt: skip
+        self.wait_for_forecast = cc.wait_for_min_forecast
         self.last_decision: Decision | None = None
         # Predictive decisions off the pool's thread (the server sets this): see _predictive.
         self.defer_decisions = False
@@ -204,11 +205,28 @@ class Controller:
             if report is not None:
                 report.reason = "previous decision still being computed"
             return
+        if self.wait_for_forecast and self._too_young(now):
+            if report is not None:
+                report.reason = "too few arrivals seen yet to forecast"
+            return
         job = self._prepare(report, now)
         if self.defer_decisions:
             self.pending = job
             return
         self.finish(job, self.decide(job), now)
+
+    def _too_young(self, now: float) -> bool:
+        """The pool's first arrival came less than a forecast span ago, it has seen fewer than
+        ``min_forecast_requests`` arrivals and none is waiting: too little to forecast from. (The young log's
+        forecast tiles what it saw over the span: a second's handful of long requests would be forecast as ten
+        seconds of them. A waiting request is evidence of overload of its own, and decides at once.)"""
+        log = self.log
+        if log.origin is not None and log.origin <= now - self.lookback_s:
+            return False
+        if len(log.entries) >= self.min_forecast:
+            return False
+        sched = self.epochs.scheduler
+        return not any(sched.waiting_at(wid) for wid in self.lattice.groups)
 
     def take_pending(self) -> PendingDecision | None:
         """The prepared decision waiting to be computed (None if none); it is then *in flight* until
