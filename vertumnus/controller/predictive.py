@@ -337,7 +337,7 @@ class PredictiveModel:
         The forecast is one sample of the next seconds: a Poisson count of a few hundred arrivals moves by ~5%,
         the long-request mix by more. TTFT is convex in the load, so a composition that is just big enough for
         the sampled rate is worse in expectation than the sample says; averaging over the spread prices that
-        risk (a split wins at 1.1× capacity only if it wins on average over the three rates)."""
+        risk (a composition the sampled rate nearly fills is charged the queue it builds at (1 + u)×)."""
         if self.rate_spread <= 0.0:
             return self.score(move, prep, arrivals)
         u = self.rate_spread
