@@ -220,10 +220,7 @@ class Controller:
         ``min_forecast_requests`` arrivals and none is waiting: too little to forecast from. (The young log's
         forecast tiles what it saw over the span: a second's handful of long requests would be forecast as ten
         seconds of them. A waiting request is evidence of overload of its own, and decides at once.)"""
-        log = self.log
-        if log.origin is not None and log.origin <= now - self.lookback_s:
-            return False
-        if len(log.entries) >= self.min_forecast:
+        if not self.log.too_young(now, self.lookback_s, self.min_forecast):
             return False
         sched = self.epochs.scheduler
         return not any(sched.waiting_at(wid) for wid in self.lattice.groups)

@@ -74,6 +74,13 @@ class ArrivalLog:
         while len(self.entries) > self.keep_n and self.entries[0][0] < t - self.keep_s:
             self.entries.popleft()
 
+    def too_young(self, now: float, span_s: float, min_n: int) -> bool:
+        """Fewer than ``min_n`` arrivals logged, the first of them less than ``span_s`` ago (or none yet): the
+        forecast would tile a handful of arrivals over the span."""
+        if self.origin is not None and self.origin <= now - span_s:
+            return False
+        return len(self.entries) < min_n
+
     def forecast(self, now: float, span_s: float, min_n: int) -> list[tuple[float, int, int]]:
         """The arrivals to replay, as (offset from the decision instant, input length, prefix tokens).
 
