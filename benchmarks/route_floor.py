@@ -1,0 +1,158 @@
+"""What moving costs: each workload started on its start composition and moved, at once, to its best fixed one.
+
+Issue 16 asks the controller to end a run at or below the best fixed composition in hindsight (≤ 1.00×). A
+controller that starts elsewhere must reconfigure to get there: the sources drain, the switch takes
+``controller.switch_s``, and the moved workers' caches are re-tiled. This benchmark measures that toll with a
+clairvoyant, scripted route — no forecast, no decision: the pool starts on the workload's start composition with
+the controller off, and at ``--at`` seconds begins every operation that turns the start composition into the
+best fixed one (all of them at once, on disjoint workers, through the epoch protocol as the controller would),
+then stays there. Its whole-run mean TTFT over the best fixed composition's is the ratio that *moving* alone
+costs; where it is above 1.00 no controller that has to move can meet the issue's ≤ 1.00× on that workload
+without beating the best fixed composition after the move.
+
+Each workload's best fixed composition is found here by running every reachable one (``vertumnus-static``, the
+same request streams as ``make results``). Nothing is chosen from these figures: it is a reference, not a
+tuning run. Usage::
+
+    .venv/bin/python benchmarks/route_floor.py --set configs/eval/test.yaml --config configs/sim-40gpu-aic.yaml \
+        --workloads steady-0.3,steady-0.6 --jobs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from functools import lru_cache
+
+from vertumnus.config import VertumnusConfig
+from vertumnus.controller.lattice import Lattice, LatticeOp
+from vertumnus.profiling.cost_model import CostModel
+from vertumnus.sim.eval_set import EvalSet, load_eval_set
+from vertumnus.sim.events import EventKind
+from vertumnus.sim.inputs import load_cost, load_sim_config
+from vertumnus.sim.runner import Simulation
+from vertumnus.types import ReconfigKind
+
+
+@lru_cache(maxsize=2)
+def _context(set_path: str, config: str) -> tuple[EvalSet, VertumnusConfig, CostModel]:
+    cfg = load_sim_config(config)
+    return load_eval_set(set_path), cfg, load_cost(cfg)
+
+
+def _counts(lattice: Lattice) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for g in lattice.groups.values():
+        out[g.degree] = out.get(g.degree, 0) + 1
+    return out
+
+
+def route_ops(lattice: Lattice, target: dict[int, int]) -> list[LatticeOp]:
+    """Disjoint operations that take the lattice's composition one step toward ``target`` (two degrees, one
+    step apart: splits of the larger or merges of the smaller, as many as the difference needs)."""
+    small, large = sorted(lattice.degrees)[:2]
+    have = _counts(lattice)
+    extra_large = target.get(large, 0) - have.get(large, 0)
+    kind = ReconfigKind.MERGE if extra_large > 0 else ReconfigKind.SPLIT
+    used: set[int] = set()
+    out: list[LatticeOp] = []
+    for op in lattice.ops(kind):
+        if len(out) == abs(extra_large):
+            break
+        if op.sources[0].degree != (small if kind == ReconfigKind.MERGE else large):
+            continue
+        ids = {s.worker_id for s in op.sources}
+        if ids & used:
+            continue
+        used |= ids
+        out.append(op)
+    return out
+
+
+def _parse(composition: str) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for part in composition.split("+"):
+        n, c = part.split("xCP")
+        counts[int(c)] = counts.get(int(c), 0) + int(n)
+    return counts
+
+
+def run_route(set_path: str, config: str, workload: str, replicate: int, target: str, at: float) -> float:
+    """Whole-run mean TTFT of the scripted route (start → ``target`` at ``at`` s, then fixed)."""
+    es, cfg, cost = _context(set_path, config)
+    w = es.workload(workload)
+    gen = es.generate(workload, cfg, cost, replicate)
+    sim = Simulation(gen.requests, cfg, cost, "vertumnus-static", es.start_of(w))
+    ctl = sim.pool.controller
+    goal = _parse(target)
+
+    def move() -> None:
+        ops = route_ops(ctl.lattice, goal)
+        for i, op in enumerate(ops):
+            if i:  # later plans get fresh target ids (the first plan reserved its own), as the controller does
+                src = op.sources[0].worker_id
+                again = ctl.lattice.split_of(src) if op.kind == ReconfigKind.SPLIT else ctl.lattice.merge_of(src)
+                assert again is not None
+                op = again
+            drain = max(sim.pool.scheduler.queue_s(s.worker_id, sim.loop.now) for s in op.sources)
+            ctl.epochs.begin(ctl.epochs.next_plan(op, drain), sim.loop.now)
+
+    if es.start_of(w) != target:
+        sim.loop.push(at, EventKind.ENGINE, move)
+    res = sim.run()
+    assert _counts(ctl.lattice) == goal, f"route ended on {_counts(ctl.lattice)}, not {goal}"
+    assert res.summary["completed"] == len(gen.requests), "a request was lost on the route"
+    return float(res.summary["mean_ttft_s"])
+
+
+def run_fixed(set_path: str, config: str, workload: str, replicate: int, composition: str) -> float:
+    es, cfg, cost = _context(set_path, config)
+    gen = es.generate(workload, cfg, cost, replicate)
+    return float(Simulation(gen.requests, cfg, cost, "vertumnus-static", composition).run().summary["mean_ttft_s"])
+
+
+def compositions(config: str) -> list[str]:
+    """Every composition the pool can take (the report's fixed columns)."""
+    cfg = load_sim_config(config)
+    lat = Lattice(cfg.pool.nodes, cfg.pool.gpus_per_node, cfg.pool.degrees)
+    out = []
+    for counts in sorted(lat.reachable(), reverse=True):  # counts per degree, smallest degree first
+        out.append("+".join(f"{n}xCP{c}" for c, n in zip(lat.degrees, counts, strict=True) if n))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--set", default="configs/eval/test.yaml")
+    ap.add_argument("--config", default="configs/sim-40gpu.yaml")
+    ap.add_argument("--workloads", default="", help="comma-separated (default: every workload of the set)")
+    ap.add_argument("--at", type=float, default=0.5, help="when the route's operations begin (s)")
+    ap.add_argument("--jobs", type=int, default=1)
+    a = ap.parse_args(argv)
+    es, _, _ = _context(a.set, a.config)
+    names = [n for n in a.workloads.split(",") if n] or [w.name for w in es.workloads]
+    comps = compositions(a.config)
+    reps = range(es.replicates)
+    t0 = time.time()
+    with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as ex:
+        fixed = {(n, c, k): ex.submit(run_fixed, a.set, a.config, n, k, c) for n in names for c in comps for k in reps}
+        means = {(n, c): sum(fixed[(n, c, k)].result() for k in reps) / len(reps) for n in names for c in comps}
+        best: dict[str, str] = {}
+        for n in names:
+            best[n] = min(comps, key=lambda c: means[(n, c)])
+        routes = {(n, k): ex.submit(run_route, a.set, a.config, n, k, best[n], a.at) for n in names for k in reps}
+        route = {n: sum(routes[(n, k)].result() for k in reps) / len(reps) for n in names}
+    print(f"{a.set} under {a.config}: scripted route start → best fixed at {a.at:g} s ({len(reps)} streams, means)")
+    print(f"{'workload':15s} {'start':13s} {'best fixed':13s} {'best mean':>9s} {'route':>7s} {'÷best':>6s}")
+    for n in names:
+        start = es.start_of(es.workload(n))
+        print(f"{n:15s} {start:13s} {best[n]:13s} {means[(n, best[n])]:9.4f} {route[n]:7.4f} "
+              f"{route[n] / means[(n, best[n])]:6.3f}")  # fmt: skip
+    print(f"({time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
