@@ -26,10 +26,11 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 
-from vertumnus.config import VertumnusConfig
+from vertumnus.config import VertumnusConfig, parse_composition
 from vertumnus.controller.lattice import Lattice, LatticeOp
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.sim.eval_set import EvalSet, load_eval_set
+from vertumnus.sim.evaluate import all_compositions
 from vertumnus.sim.events import EventKind
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.runner import Simulation
@@ -52,7 +53,9 @@ def _counts(lattice: Lattice) -> dict[int, int]:
 def route_ops(lattice: Lattice, target: dict[int, int]) -> list[LatticeOp]:
     """Disjoint operations that take the lattice's composition one step toward ``target`` (two degrees, one
     step apart: splits of the larger or merges of the smaller, as many as the difference needs)."""
-    small, large = sorted(lattice.degrees)[:2]
+    if len(lattice.degrees) != 2:
+        raise ValueError(f"route_ops handles two degrees, the pool has {list(lattice.degrees)}")
+    small, large = sorted(lattice.degrees)
     have = _counts(lattice)
     extra_large = target.get(large, 0) - have.get(large, 0)
     kind = ReconfigKind.MERGE if extra_large > 0 else ReconfigKind.SPLIT
@@ -71,14 +74,6 @@ def route_ops(lattice: Lattice, target: dict[int, int]) -> list[LatticeOp]:
     return out
 
 
-def _parse(composition: str) -> dict[int, int]:
-    counts: dict[int, int] = {}
-    for part in composition.split("+"):
-        n, c = part.split("xCP")
-        counts[int(c)] = counts.get(int(c), 0) + int(n)
-    return counts
-
-
 def run_route(set_path: str, config: str, workload: str, replicate: int, target: str, at: float) -> float:
     """Whole-run mean TTFT of the scripted route (start → ``target`` at ``at`` s, then fixed)."""
     es, cfg, cost = _context(set_path, config)
@@ -86,7 +81,7 @@ def run_route(set_path: str, config: str, workload: str, replicate: int, target:
     gen = es.generate(workload, cfg, cost, replicate)
     sim = Simulation(gen.requests, cfg, cost, "vertumnus-static", es.start_of(w))
     ctl = sim.pool.controller
-    goal = _parse(target)
+    goal = parse_composition(target)
 
     def move() -> None:
         ops = route_ops(ctl.lattice, goal)
@@ -113,16 +108,6 @@ def run_fixed(set_path: str, config: str, workload: str, replicate: int, composi
     return float(Simulation(gen.requests, cfg, cost, "vertumnus-static", composition).run().summary["mean_ttft_s"])
 
 
-def compositions(config: str) -> list[str]:
-    """Every composition the pool can take (the report's fixed columns)."""
-    cfg = load_sim_config(config)
-    lat = Lattice(cfg.pool.nodes, cfg.pool.gpus_per_node, cfg.pool.degrees)
-    out = []
-    for counts in sorted(lat.reachable(), reverse=True):  # counts per degree, smallest degree first
-        out.append("+".join(f"{n}xCP{c}" for c, n in zip(lat.degrees, counts, strict=True) if n))
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", default="configs/eval/test.yaml")
@@ -133,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     es, _, _ = _context(a.set, a.config)
     names = [n for n in a.workloads.split(",") if n] or [w.name for w in es.workloads]
-    comps = compositions(a.config)
+    comps = all_compositions(load_sim_config(a.config))
     reps = range(es.replicates)
     t0 = time.time()
     with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as ex:
