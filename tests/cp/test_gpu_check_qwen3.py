@@ -4,8 +4,7 @@ real model's dimensions."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
@@ -13,19 +12,11 @@ import torch
 from vertumnus.cp.qwen3 import QWEN3_30B_A3B, preset_config
 from vertumnus.cp.weights import dims_from_hf_config
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def _gpu_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_profile_loop_runs_the_small_qwen3_moe_with_and_without_a_prefix() -> None:
-    gc = _gpu_check()
+def test_profile_loop_runs_the_small_qwen3_moe_with_and_without_a_prefix(
+    benchmark_script: Callable[[str], ModuleType],
+) -> None:
+    gc = benchmark_script("gpu_check")
     small = {"hidden_size": 64, "num_attention_heads": 4, "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 2}
     dims = dims_from_hf_config({**preset_config("tiny-qwen3-moe"), **small})
     assert dims.sparse_layers == (0, 1) and dims.qk_norm

@@ -4,7 +4,7 @@ it ends on the target with every request answered."""
 
 from __future__ import annotations
 
-import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -17,12 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def route_floor() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("route_floor", ROOT / "benchmarks" / "route_floor.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def route_floor(benchmark_script: Callable[[str], ModuleType]) -> ModuleType:
+    return benchmark_script("route_floor")
 
 
 @pytest.mark.parametrize(

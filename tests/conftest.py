@@ -1,0 +1,26 @@
+"""Fixtures every test folder shares."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def benchmark_script() -> Callable[[str], ModuleType]:
+    """Load a script of benchmarks/ by name (``"route_floor"``) as a module: the scripts are not a package."""
+
+    def load(name: str) -> ModuleType:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load
