@@ -10,9 +10,9 @@ then stays there. Its whole-run mean TTFT over the best fixed composition's is t
 costs; where it is above 1.00 no controller that has to move can meet the issue's ≤ 1.00× on that workload
 without beating the best fixed composition after the move.
 
-Each workload's best fixed composition is found here by running every reachable one (``vertumnus-static``, the
-same request streams as ``make results``). Nothing is chosen from these figures: it is a reference, not a
-tuning run. Usage::
+Each workload's best fixed composition is found here by running every reachable one (the evaluation's own
+``vertumnus-static`` runs, on the same request streams as ``make results``). Nothing is chosen from these
+figures: it is a reference, not a tuning run. Usage::
 
     .venv/bin/python benchmarks/route_floor.py --set configs/eval/test.yaml --config configs/sim-40gpu-aic.yaml \
         --workloads steady-0.3,steady-0.6 --jobs 2
@@ -24,40 +24,22 @@ import argparse
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from functools import lru_cache
 
-from vertumnus.config import VertumnusConfig, parse_composition
+from vertumnus.config import parse_composition
 from vertumnus.controller.lattice import Lattice, LatticeOp
-from vertumnus.profiling.cost_model import CostModel
-from vertumnus.sim.eval_set import EvalSet, load_eval_set
-from vertumnus.sim.evaluate import all_compositions
+from vertumnus.sim.evaluate import _context, _workload, by_workload, fixed_tasks, merge_replicates, plan, run_tasks
 from vertumnus.sim.events import EventKind
-from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.runner import Simulation
 from vertumnus.types import ReconfigKind
 
 
-@lru_cache(maxsize=2)
-def _context(set_path: str, config: str) -> tuple[EvalSet, VertumnusConfig, CostModel]:
-    cfg = load_sim_config(config)
-    return load_eval_set(set_path), cfg, load_cost(cfg)
-
-
-def _counts(lattice: Lattice) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for g in lattice.groups.values():
-        out[g.degree] = out.get(g.degree, 0) + 1
-    return out
-
-
 def route_ops(lattice: Lattice, target: dict[int, int]) -> list[LatticeOp]:
-    """Disjoint operations that take the lattice's composition one step toward ``target`` (two degrees, one
-    step apart: splits of the larger or merges of the smaller, as many as the difference needs)."""
+    """Disjoint operations that take the lattice's composition to ``target`` (two degrees, one step apart:
+    splits of the larger or merges of the smaller, as many as the difference needs)."""
     if len(lattice.degrees) != 2:
         raise ValueError(f"route_ops handles two degrees, the pool has {list(lattice.degrees)}")
     small, large = sorted(lattice.degrees)
-    have = _counts(lattice)
-    extra_large = target.get(large, 0) - have.get(large, 0)
+    extra_large = target.get(large, 0) - lattice.composition().get(large, 0)
     kind = ReconfigKind.MERGE if extra_large > 0 else ReconfigKind.SPLIT
     used: set[int] = set()
     out: list[LatticeOp] = []
@@ -77,15 +59,14 @@ def route_ops(lattice: Lattice, target: dict[int, int]) -> list[LatticeOp]:
 def run_route(set_path: str, config: str, workload: str, replicate: int, target: str, at: float) -> float:
     """Whole-run mean TTFT of the scripted route (start → ``target`` at ``at`` s, then fixed)."""
     es, cfg, cost = _context(set_path, config)
-    w = es.workload(workload)
-    gen = es.generate(workload, cfg, cost, replicate)
-    sim = Simulation(gen.requests, cfg, cost, "vertumnus-static", es.start_of(w))
+    start = es.start_of(es.workload(workload))
+    gen = _workload(set_path, config, workload, replicate)
+    sim = Simulation(gen.requests, cfg, cost, "vertumnus-static", start)
     ctl = sim.pool.controller
     goal = parse_composition(target)
 
     def move() -> None:
-        ops = route_ops(ctl.lattice, goal)
-        for i, op in enumerate(ops):
+        for i, op in enumerate(route_ops(ctl.lattice, goal)):
             if i:  # later plans get fresh target ids (the first plan reserved its own), as the controller does
                 src = op.sources[0].worker_id
                 again = ctl.lattice.split_of(src) if op.kind == ReconfigKind.SPLIT else ctl.lattice.merge_of(src)
@@ -94,18 +75,12 @@ def run_route(set_path: str, config: str, workload: str, replicate: int, target:
             drain = max(sim.pool.scheduler.queue_s(s.worker_id, sim.loop.now) for s in op.sources)
             ctl.epochs.begin(ctl.epochs.next_plan(op, drain), sim.loop.now)
 
-    if es.start_of(w) != target:
+    if parse_composition(start) != goal:
         sim.loop.push(at, EventKind.ENGINE, move)
     res = sim.run()
-    assert _counts(ctl.lattice) == goal, f"route ended on {_counts(ctl.lattice)}, not {goal}"
+    assert ctl.lattice.composition() == goal, f"route ended on {ctl.lattice.composition()}, not {goal}"
     assert res.summary["completed"] == len(gen.requests), "a request was lost on the route"
     return float(res.summary["mean_ttft_s"])
-
-
-def run_fixed(set_path: str, config: str, workload: str, replicate: int, composition: str) -> float:
-    es, cfg, cost = _context(set_path, config)
-    gen = es.generate(workload, cfg, cost, replicate)
-    return float(Simulation(gen.requests, cfg, cost, "vertumnus-static", composition).run().summary["mean_ttft_s"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -116,25 +91,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--at", type=float, default=0.5, help="when the route's operations begin (s)")
     ap.add_argument("--jobs", type=int, default=1)
     a = ap.parse_args(argv)
-    es, _, _ = _context(a.set, a.config)
-    names = [n for n in a.workloads.split(",") if n] or [w.name for w in es.workloads]
-    comps = all_compositions(load_sim_config(a.config))
-    reps = range(es.replicates)
+    p = plan(a.set, a.config, "vertumnus", workloads=[n for n in a.workloads.split(",") if n] or None)
+    reps = range(p.replicates)
     t0 = time.time()
+    ft = fixed_tasks(p, a.set, a.config)
+    ordered = by_workload(ft, p.workloads)
+    fixed = merge_replicates(dict(zip(ordered, run_tasks(ordered, a.jobs), strict=True)))
+    means = {(t.workload, t.composition): d.mean for t, d in fixed.items()}
+    best = {n: min(p.compositions, key=lambda c: means[(n, c)]) for n in p.workloads}
     with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as ex:
-        fixed = {(n, c, k): ex.submit(run_fixed, a.set, a.config, n, k, c) for n in names for c in comps for k in reps}
-        means = {(n, c): sum(fixed[(n, c, k)].result() for k in reps) / len(reps) for n in names for c in comps}
-        best: dict[str, str] = {}
-        for n in names:
-            best[n] = min(comps, key=lambda c: means[(n, c)])
-        routes = {(n, k): ex.submit(run_route, a.set, a.config, n, k, best[n], a.at) for n in names for k in reps}
-        route = {n: sum(routes[(n, k)].result() for k in reps) / len(reps) for n in names}
+        routes = {(n, k): ex.submit(run_route, a.set, a.config, n, k, best[n], a.at) for n in p.workloads for k in reps}
+        route = {n: sum(routes[(n, k)].result() for k in reps) / len(reps) for n in p.workloads}
     print(f"{a.set} under {a.config}: scripted route start → best fixed at {a.at:g} s ({len(reps)} streams, means)")
     print(f"{'workload':15s} {'start':13s} {'best fixed':13s} {'best mean':>9s} {'route':>7s} {'÷best':>6s}")
-    for n in names:
-        start = es.start_of(es.workload(n))
-        print(f"{n:15s} {start:13s} {best[n]:13s} {means[(n, best[n])]:9.4f} {route[n]:7.4f} "
-              f"{route[n] / means[(n, best[n])]:6.3f}")  # fmt: skip
+    for n in p.workloads:
+        b = means[(n, best[n])]
+        print(f"{n:15s} {p.starts[n]:13s} {best[n]:13s} {b:9.4f} {route[n]:7.4f} {route[n] / b:6.3f}")
     print(f"({time.time() - t0:.0f} s)")
     return 0
 

@@ -40,7 +40,7 @@ def test_the_route_takes_the_operations_the_difference_needs(
         again = lattice.split_of(src) if kind == ReconfigKind.SPLIT else lattice.merge_of(src)
         assert again is not None and again.sources == op.sources
         lattice.apply(again.sources, again.targets)
-    assert route_floor._counts(lattice) == target
+    assert lattice.composition() == target
 
 
 def test_a_run_along_the_route_ends_on_the_target(route_floor: ModuleType) -> None:
