@@ -31,10 +31,11 @@ from vertumnus.types import CacheOp, CacheReport, Placement, PrefillResult, Reco
 class PrefillJob:
     """One request handed to a worker: what to compute and what the scheduler predicted.
 
-    ``reconcile``: a RECONCILE op to run first (fetch a pending prefix's missing blocks from a valid copy), or
-    None. ``max_reuse_blocks``: the engine must not reuse more than this many leading blocks of the prompt (the
-    blocks the trie knows the worker holds validly, plus the reconciled ones); it may reuse fewer if its own
-    cache evicted some in between.
+    ``reconcile``: a copy to finish before the prefill (a RECONCILE of a pending prefix's missing blocks, or a
+    queue_aware fetch), or None. An engine that can copy beside compute starts it when the job is queued behind
+    others, so the transfer overlaps the wait (docs/design.md, *Attached copies*). ``max_reuse_blocks``: the
+    engine must not reuse more than this many leading blocks of the prompt (the blocks the trie knows the worker
+    holds validly, plus the reconciled ones); it may reuse fewer if its own cache evicted some in between.
     """
 
     request: Request

@@ -228,3 +228,35 @@ def test_dead_rank_fails_its_worker_and_restart_rejoins_the_world() -> None:
         cached, logits = _run(dp, rec, "p@merged", p, 2, 2)
         assert cached == 48 and (logits - want).abs().max().item() <= TOL
         assert [w for w, _ in rec.of("failed")] == [0]
+
+
+def test_a_queued_jobs_copy_starts_at_submit_and_its_prefill_follows_it() -> None:
+    """A job queued behind another has its fetch started at submit (the transfer overlaps the wait); its prefill
+    reuses the copied prefix. A withdrawn job's copy still lands and reports, but no prefill follows it."""
+    cfg = tiny_config(4, [1, 2])
+    ref = ReferenceModel.from_config(cfg.model)
+    rec = Recorder()
+    w0, w1 = WorkerGroup(0, 0, 0, 2), WorkerGroup(1, 0, 2, 1)
+    p = tokens(50, 7)  # 6 full blocks
+    p2 = p[:48] + tokens(9, 8)
+    k = keys_from_tokens(p, B)
+    with TorchDataPlane(cfg) as dp:
+        dp.start([w0, w1], 0, rec)
+        _run(dp, rec, "p", p, 0, 2)  # worker 0 holds the prefix
+        # "busy" is dispatched by this very submit (the slot runs it before submit returns), so "fetch" is queued
+        dp.submit(1, job("busy", tokens(40, 9), 1, 1, B))
+        fetch = CacheOp(5, CacheOpKind.REPLICATE, 1, k, 0, src_worker=0, inter_degree=True)
+        dp.submit(1, job("fetch", p2, 1, 1, B, reconcile=fetch))
+        res = rec.done("fetch")
+        assert res.ok and res.cached_tokens == 48
+        out = dp.take_output("fetch")
+        assert out is not None and (out.logits - ref.prefill(p2)[0]).abs().max().item() <= TOL
+        assert [r.keys for r in rec.reports(1) if r.op_id == 5] == [k] and not rec.of("op_failed")
+
+        dp.submit(1, job("busy2", tokens(40, 10), 1, 1, B))
+        gone = CacheOp(6, CacheOpKind.REPLICATE, 1, k, 0, src_worker=0, inter_degree=True)
+        dp.submit(1, job("withdrawn", p2, 1, 1, B, reconcile=gone))
+        assert [j.request.request_id for j in dp.withdraw(1)] == ["withdrawn"]
+        rec.wait(lambda: any(r.op_id == 6 for r in rec.reports(1)))  # the copy landed and confirmed
+        rec.done("busy2")
+        assert all(r.request_id != "withdrawn" for r in rec.of("done"))

@@ -11,7 +11,7 @@ from vertumnus.config import config_from_dict
 from vertumnus.engines.sim import SimDataPlane
 from vertumnus.interfaces import PrefillJob
 from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
-from vertumnus.sim.events import EventLoop
+from vertumnus.sim.events import EventKind, EventLoop
 from vertumnus.types import (
     CacheOp,
     CacheOpKind,
@@ -218,3 +218,64 @@ def test_park_waits_for_running_prefill_then_split_and_merge() -> None:
     loop.run()
     assert sorted(dp.workers[5].cache.keys()) == [1, 2, 3, 4, 5]
     assert 3 not in dp.workers and 4 not in dp.workers
+
+
+def _fetch(op_id: int, rid: str, dst: int, src: int) -> PrefillJob:
+    """A job at ``dst`` that reuses blocks 1-4 after copying them from ``src`` (inter-node: 4 blocks, 8 ms)."""
+    j = job(rid, (1, 2, 3, 4, 5), 520, dst, 4)
+    j.reconcile = CacheOp(op_id, CacheOpKind.REPLICATE, dst, (1, 2, 3, 4), 0, src_worker=src, inter_node=True)
+    return j
+
+
+def _warm_source_and_queue(dp: SimDataPlane, loop: EventLoop, rec: Recorder) -> float:
+    """Worker 2 (node 1) holds blocks 1-4; worker 0 is then busy with a 1.2-s prefill. Returns its start."""
+    dp.start([G0, G2], 1, rec)
+    dp.submit(2, job("src", (1, 2, 3, 4), 400, 2, 0))
+    loop.run()
+    t0 = loop.now
+    rec.calls.clear()
+    dp.submit(0, job("a", (11, 12, 13), 350, 0, 0))  # 1.2 s at C=2
+    loop.run(until=lambda: bool(rec.of("started")))
+    assert loop.now == t0
+    return t0
+
+
+def test_a_queued_jobs_copy_runs_during_its_wait() -> None:
+    loop, dp, rec = make()
+    t0 = _warm_source_and_queue(dp, loop, rec)
+    dp.submit(0, _fetch(21, "b", 0, 2))  # queued behind "a": its copy starts now
+    loop.run()
+    # the copy lands 8 ms after submit (confirmed with its op id), long before "a" is done
+    assert rec.of("report")[0] == (
+        pytest.approx(t0 + 0.008),
+        CacheReport(0, CacheReportKind.STORED, (1, 2, 3, 4), None, 21),
+    )
+    # b starts when "a" ends (no copy left to wait for): P=400, R=120 at C=2 -> 0.5+0.12+0.04+0.12 = 0.78
+    done = {r.request_id: (t, r) for t, r in rec.of("done")}
+    assert done["b"][1].started_s == pytest.approx(t0 + 1.2)
+    assert done["b"][0] == pytest.approx(t0 + 1.2 + 0.78)
+    assert done["b"][1].cached_tokens == 400
+    assert dp.stats.copies == 1
+
+
+def test_a_copy_longer_than_the_wait_delays_only_its_own_job() -> None:
+    loop, dp, rec = make()
+    t0 = _warm_source_and_queue(dp, loop, rec)
+    # submitted 5 ms before "a" ends: its 8-ms copy lands 3 ms after
+    loop.push(t0 + 1.195, EventKind.ARRIVAL, dp.submit, 0, _fetch(22, "b", 0, 2))
+    loop.run()
+    done = {r.request_id: (t, r) for t, r in rec.of("done")}
+    assert done["b"][1].started_s == pytest.approx(t0 + 1.2)  # at the head when "a" ends, waiting for its copy
+    assert done["b"][0] == pytest.approx(t0 + 1.195 + 0.008 + 0.78)
+    assert done["b"][1].cached_tokens == 400
+
+
+def test_withdrawing_a_job_cancels_its_copy() -> None:
+    loop, dp, rec = make()
+    _warm_source_and_queue(dp, loop, rec)
+    dp.submit(0, _fetch(23, "b", 0, 2))
+    assert [j.request.request_id for j in dp.withdraw(0)] == ["b"]
+    loop.run()
+    assert all(p.op_id != 23 for _, p in rec.of("report"))  # nothing stored or confirmed for it
+    assert 1 not in dp.workers[0].cache
+    assert [r.request_id for _, r in rec.of("done")] == ["a"]

@@ -290,7 +290,7 @@ class Scheduler:
                 continue
             e, p = predict(c, L, 0), 0
             if fv and qj <= fq:
-                e_f = predict(c, L - f_cached, f_cached) + fv * fs
+                e_f = predict(c, L - f_cached, f_cached) + max(0.0, fv * fs - qj)
                 if e_f < e:
                     e, p = e_f, f_cached
             cand = (qj + e * f, c, ids[j], j, 0, p, e, qj)
@@ -309,11 +309,11 @@ class Scheduler:
                 if p > h:  # reconcile the pending blocks before the prefill (an upper bound: some are present)
                     assert self.pending_block_s is not None
                     p_cached = min(p * B, L - 1)
-                    e_p = predict(c, L - p_cached, p_cached) + (p - h) * self.pending_block_s
+                    e_p = predict(c, L - p_cached, p_cached) + max(0.0, (p - h) * self.pending_block_s - qk)
                     if e_p < e:
                         e, cached = e_p, p_cached
                 if fv > h and qk <= fq:
-                    e_f = predict(c, L - f_cached, f_cached) + (fv - h) * fs
+                    e_f = predict(c, L - f_cached, f_cached) + max(0.0, (fv - h) * fs - qk)
                     if e_f < e:
                         e, cached = e_f, f_cached
                 cand = (qk + e * f, c, ids[k], k, h, cached, e, qk)

@@ -7,6 +7,19 @@ blocks with LRU eviction and reports stores / removals as :class:`~vertumnus.typ
 engine's KV events. Cache copies cost ``blocks × bytes_per_block ÷ bandwidth`` (intra- or inter-node) and run
 beside compute (copy engines / RDMA); they become visible when the confirming report arrives.
 
+A job's attached copy (a reconcile or a fetch, ``PrefillJob.reconcile``) starts when the job is queued, not when
+it reaches the head of the queue: it runs during the wait, beside the prefills ahead of it, and the prefill
+starts when both the worker and the copy are done::
+
+    worker   |== prefill A ==|== prefill B ==|......|== prefill J ==|
+    copy J      |--- copy ---|                        (landed during the wait: J pays nothing for it)
+    worker   |== A ==|.. waits ..|== prefill J ==|
+    copy J      |----- copy -----|                    (longer than the wait: J starts when it lands)
+
+A job withdrawn (drain) before its copy lands cancels the copy: nothing is stored or confirmed for it (the pool
+fails the op itself). Blocks that landed early may be evicted by the prefills ahead before J runs; J then reuses
+what is left (``BlockCache.leading``), as with any cached prefix.
+
 Re-entrancy invariant: no DataPlane method calls back into the pool synchronously; every callback is an event
 on the loop (kind ENGINE), so the pool never sees a callback from inside its own call.
 """
@@ -14,6 +27,7 @@ on the loop (kind ENGINE), so the pool never sees a callback from inside its own
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from vertumnus.config import VertumnusConfig
 from vertumnus.engines.sim.cache import BlockCache
@@ -35,6 +49,15 @@ from vertumnus.types import (
 _E = EventKind.ENGINE
 
 
+@dataclass(slots=True)
+class _EarlyCopy:
+    """A queued job's attached copy, started at submit (see the module docstring)."""
+
+    worker: SimWorker
+    landed: bool = False
+    waiting: tuple[PrefillJob, float] | None = None  # the job at the head, waiting for the copy: (job, started)
+
+
 class SimDataPlane:
     """All simulated ranks of a pool (see module docstring)."""
 
@@ -42,6 +65,8 @@ class SimDataPlane:
         self.cfg = cfg
         self.cost = cost
         self.loop = loop
+        # op id -> the attached copy of a queued job, in flight or landed before the job started
+        self._early: dict[int, _EarlyCopy] = {}
         self.block_tokens = cfg.cache.block_tokens
         self.per_rank_blocks = cfg.pool.kv_capacity_blocks_per_rank
         self.switch_s = cfg.controller.switch_s
@@ -130,7 +155,41 @@ class SimDataPlane:
         if w is None:
             raise ValueError(f"submit to unknown or retired worker {worker_id}")
         w.queue.append(job)
+        if job.reconcile is not None and (w.running is not None or len(w.queue) > 1):
+            self._start_early_copy(w, job.reconcile)
         self._kick(w)
+
+    def _start_early_copy(self, w: SimWorker, op: CacheOp) -> None:
+        """Begin a queued job's attached copy now; an op no source can serve is left to the job's start (which
+        fails it as an ordinary miss)."""
+        src = self._live(op.src_worker)
+        if src is None or not self._can_supply(src, w, op):
+            return
+        blocks = w.cache.missing(op.keys)
+        dur = self.copy_seconds(blocks, src, w)
+        self.stats.copies += 1
+        self.stats.copied_blocks += blocks
+        self.stats.copy_s += dur
+        self._early[op.op_id] = _EarlyCopy(w)
+        self.loop.push(self.loop.now + dur, _E, self._early_landed, op)
+
+    def _early_landed(self, op: CacheOp) -> None:
+        early = self._early.get(op.op_id)
+        if early is None:
+            return  # cancelled: the job was withdrawn
+        w = early.worker
+        if w.retired:
+            del self._early[op.op_id]
+            return
+        first_new, evicted = w.cache.store(op.keys, self._next_tick())
+        self._report_store(w.group.worker_id, op.keys, first_new, evicted, op.op_id, op.first_missing)
+        if early.waiting is None:
+            early.landed = True  # the job is still queued: it starts with these blocks when its turn comes
+            return
+        del self._early[op.op_id]
+        job, started = early.waiting
+        if w.running is job:
+            self._compute(w, job, started)
 
     def _kick(self, w: SimWorker) -> None:
         if w.running is None and not w.start_scheduled and not w.parking and w.queue:
@@ -142,6 +201,9 @@ class SimDataPlane:
         w = self.workers[worker_id]
         jobs = list(w.queue)
         w.queue.clear()
+        for job in jobs:  # their attached copies are cancelled (the pool fails those ops)
+            if job.reconcile is not None:
+                self._early.pop(job.reconcile.op_id, None)
         return jobs
 
     def park(self, worker_ids: Sequence[int]) -> None:
@@ -252,6 +314,9 @@ class SimDataPlane:
         """Test / what-if hook: the worker dies now, losing its running and queued jobs and its cache."""
         w = self.workers[worker_id]
         w.retired = True
+        for job in w.queue:
+            if job.reconcile is not None:
+                self._early.pop(job.reconcile.op_id, None)
         w.queue.clear()
         w.running = None
         self.loop.push(self.loop.now, _E, self.events.worker_failed, worker_id, reason, self.loop.now)
@@ -268,6 +333,14 @@ class SimDataPlane:
         w.running = job
         self.events.prefill_started(w.group.worker_id, job.request.request_id, self.loop.now)
         op = job.reconcile
+        early = self._early.get(op.op_id) if op is not None else None
+        if op is not None and early is not None:  # its copy began at submit
+            if early.landed:
+                del self._early[op.op_id]
+                self._compute(w, job, self.loop.now)
+            else:
+                early.waiting = (job, self.loop.now)
+            return
         src = self._live(op.src_worker) if op is not None else None
         if op is not None and (src is None or not self._can_supply(src, w, op)):
             self._fail(op.op_id, "no valid copy to reconcile from")

@@ -54,6 +54,9 @@ class DataPlaneCore:
         self._pending: deque[Callback] = deque()
         self._workers: dict[int, Slot] = {}
         self._copies: dict[int, Copy] = {}
+        # op id -> worker: attached copies started when their job was queued behind others (submit), so the
+        # transfer overlaps the wait; the job's prefill follows the import in the ranks' command order.
+        self._early: dict[int, int] = {}
         self._outputs: OrderedDict[str, PrefillOutput] = OrderedDict()
         self._ready: set[int] = set()
         self._listings: dict[int, dict[int, tuple[int, ...]]] = {}  # block_layout token -> rank -> keys
@@ -133,6 +136,14 @@ class DataPlaneCore:
         ev, wid, rid = self._ev(), slot.worker_id, job.request.request_id
         self._emit(lambda: ev.prefill_started(wid, rid, now))
         op = job.reconcile
+        if op is not None and self._early.pop(op.op_id, None) is not None:
+            copy = self._copies.get(op.op_id)
+            if copy is not None:  # still exporting: the prefill goes out right after the import
+                slot.running.copy_op = op.op_id
+                copy.job = job
+                return
+            self._send_prefill(slot, job)  # imported already (queued ahead of this prefill), or failed: a miss
+            return
         if op is not None and op.src_worker is not None:
             slot.running.copy_op = op.op_id
             self._start_copy(op, job)
@@ -281,6 +292,8 @@ class DataPlaneCore:
         slot.queue.clear()
         slot.running = None
         wid = slot.worker_id
+        for op_id in [i for i, w in self._early.items() if w == wid]:
+            del self._early[op_id]
         for op_id, copy in list(self._copies.items()):
             if wid in (copy.src, copy.dst):
                 del self._copies[op_id]

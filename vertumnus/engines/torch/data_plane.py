@@ -106,6 +106,11 @@ class TorchDataPlane(DataPlaneCore):
             )
         with self._lock:
             slot = self._slot(worker_id)
+            op = job.reconcile
+            if op is not None and op.src_worker is not None and (slot.running is not None or slot.queue):
+                # It will wait: its copy runs now, during the wait (DataPlaneCore._pump picks it up).
+                self._early[op.op_id] = worker_id
+                self._start_copy(op, None)
             slot.queue.append(job)
             self._pump(slot)
 
@@ -116,6 +121,9 @@ class TorchDataPlane(DataPlaneCore):
                 return []
             jobs = list(slot.queue)
             slot.queue.clear()
+            for job in jobs:  # an early copy still lands (and reports); no prefill follows it
+                if job.reconcile is not None:
+                    self._early.pop(job.reconcile.op_id, None)
             return jobs
 
     def park(self, worker_ids: Sequence[int]) -> None:
