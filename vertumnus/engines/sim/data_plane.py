@@ -130,6 +130,15 @@ class SimDataPlane:
         """Transfer time of ``blocks`` cache blocks from ``src`` to ``dst``."""
         return blocks * self.cfg.cache.bytes_per_block / self._bandwidth(src, dst)
 
+    def _copy_time(self, src: SimWorker, dst: SimWorker, op: CacheOp) -> float:
+        """Seconds ``op`` takes to bring the blocks ``dst`` misses from ``src`` (counted in the stats)."""
+        blocks = dst.cache.missing(op.keys)
+        dur = self.copy_seconds(blocks, src, dst)
+        self.stats.copies += 1
+        self.stats.copied_blocks += blocks
+        self.stats.copy_s += dur
+        return dur
+
     @staticmethod
     def _can_supply(src: SimWorker, dst: SimWorker, op: CacheOp) -> bool:
         """Whether ``src`` holds every block of the path ``op.keys`` that ``dst`` lacks. Copies move exactly
@@ -165,13 +174,8 @@ class SimDataPlane:
         src = self._live(op.src_worker)
         if src is None or not self._can_supply(src, w, op):
             return
-        blocks = w.cache.missing(op.keys)
-        dur = self.copy_seconds(blocks, src, w)
-        self.stats.copies += 1
-        self.stats.copied_blocks += blocks
-        self.stats.copy_s += dur
         self._early[op.op_id] = _EarlyCopy(w)
-        self.loop.push(self.loop.now + dur, _E, self._early_landed, op)
+        self.loop.push(self.loop.now + self._copy_time(src, w, op), _E, self._early_landed, op)
 
     def _early_landed(self, op: CacheOp) -> None:
         early = self._early.get(op.op_id)
@@ -273,12 +277,7 @@ class SimDataPlane:
         if len(op.keys) > dst.cache.capacity:
             self.loop.push(self.loop.now, _E, self._fail, op.op_id, "prefix exceeds destination capacity")
             return
-        blocks = dst.cache.missing(op.keys)
-        dur = self.copy_seconds(blocks, src, dst)
-        self.stats.copies += 1
-        self.stats.copied_blocks += blocks
-        self.stats.copy_s += dur
-        self.loop.push(self.loop.now + dur, _E, self._copied, op, dst)
+        self.loop.push(self.loop.now + self._copy_time(src, dst, op), _E, self._copied, op, dst)
 
     def _copied(self, op: CacheOp, dst: SimWorker) -> None:
         if dst.retired:
@@ -348,11 +347,7 @@ class SimDataPlane:
         if op is None or src is None:
             self._compute(w, job, self.loop.now)
             return
-        blocks = w.cache.missing(op.keys)
-        dur = self.copy_seconds(blocks, src, w)
-        self.stats.copies += 1
-        self.stats.copied_blocks += blocks
-        self.stats.copy_s += dur
+        dur = self._copy_time(src, w, op)
         self.loop.push(self.loop.now + dur, _E, self._reconciled, w, job, op, self.loop.now)
 
     def _reconciled(self, w: SimWorker, job: PrefillJob, op: CacheOp, started: float) -> None:
