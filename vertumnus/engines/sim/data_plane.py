@@ -130,6 +130,11 @@ class SimDataPlane:
         """Transfer time of ``blocks`` cache blocks from ``src`` to ``dst``."""
         return blocks * self.cfg.cache.bytes_per_block / self._bandwidth(src, dst)
 
+    def _land(self, dst: SimWorker, op: CacheOp) -> None:
+        """A copy's blocks arrive at ``dst``: store them, report evictions and STORED(op_id)."""
+        first_new, evicted = dst.cache.store(op.keys, self._next_tick())
+        self._report_store(dst.group.worker_id, op.keys, first_new, evicted, op.op_id, op.first_missing)
+
     def _copy_time(self, src: SimWorker, dst: SimWorker, op: CacheOp) -> float:
         """Seconds ``op`` takes to bring the blocks ``dst`` misses from ``src`` (counted in the stats)."""
         blocks = dst.cache.missing(op.keys)
@@ -185,8 +190,7 @@ class SimDataPlane:
         if w.retired:
             del self._early[op.op_id]
             return
-        first_new, evicted = w.cache.store(op.keys, self._next_tick())
-        self._report_store(w.group.worker_id, op.keys, first_new, evicted, op.op_id, op.first_missing)
+        self._land(w, op)
         if early.waiting is None:
             early.landed = True  # the job is still queued: it starts with these blocks when its turn comes
             return
@@ -205,10 +209,14 @@ class SimDataPlane:
         w = self.workers[worker_id]
         jobs = list(w.queue)
         w.queue.clear()
-        for job in jobs:  # their attached copies are cancelled (the pool fails those ops)
+        self._cancel_early(jobs)  # the pool fails those ops
+        return jobs
+
+    def _cancel_early(self, jobs: Sequence[PrefillJob]) -> None:
+        """Forget the early copies of jobs taken off a queue: nothing lands or is confirmed for them."""
+        for job in jobs:
             if job.reconcile is not None:
                 self._early.pop(job.reconcile.op_id, None)
-        return jobs
 
     def park(self, worker_ids: Sequence[int]) -> None:
         """Park each worker once its running prefill (if any) finished."""
@@ -283,8 +291,7 @@ class SimDataPlane:
         if dst.retired:
             self._fail(op.op_id, "destination was reconfigured during the copy")
             return
-        first_new, evicted = dst.cache.store(op.keys, self._next_tick())
-        self._report_store(dst.group.worker_id, op.keys, first_new, evicted, op.op_id, op.first_missing)
+        self._land(dst, op)
 
     def _reclaim(self, op: CacheOp) -> None:
         dst = self._live(op.dst_worker)
@@ -313,9 +320,7 @@ class SimDataPlane:
         """Test / what-if hook: the worker dies now, losing its running and queued jobs and its cache."""
         w = self.workers[worker_id]
         w.retired = True
-        for job in w.queue:
-            if job.reconcile is not None:
-                self._early.pop(job.reconcile.op_id, None)
+        self._cancel_early(w.queue)
         w.queue.clear()
         w.running = None
         self.loop.push(self.loop.now, _E, self.events.worker_failed, worker_id, reason, self.loop.now)
@@ -353,8 +358,7 @@ class SimDataPlane:
     def _reconciled(self, w: SimWorker, job: PrefillJob, op: CacheOp, started: float) -> None:
         if w.retired:
             return
-        first_new, evicted = w.cache.store(op.keys, self._next_tick())
-        self._report_store(w.group.worker_id, op.keys, first_new, evicted, op.op_id, op.first_missing)
+        self._land(w, op)
         self._compute(w, job, started)
 
     def _compute(self, w: SimWorker, job: PrefillJob, started: float) -> None:
