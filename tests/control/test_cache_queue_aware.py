@@ -1,7 +1,8 @@
 """``cache.policy: queue_aware`` decisions on small scenarios, with exact expected ops (vertumnus/cache/hot_copy.py):
 a hot prefix behind a queued holder is copied to an idle same-degree worker; no copy of a cold prefix, to a worker
 with a prefill waiting, or one that would land after the holder's queue drains; a cold duplicate is reclaimed
-only to make room for a copy on a full worker; the rules policy makes no copy at placement."""
+only to make room for a copy on a full worker; the rules policy makes no copy at placement; retention (the
+engines' eviction order) is the queue_aware manager's only."""
 
 from __future__ import annotations
 
@@ -194,3 +195,13 @@ def test_plan_fetch_copies_from_a_same_node_holder_and_confirms_like_a_replica()
     assert m.match(HOT).held_blocks == {1: 6, 2: 6, 3: 6}
     assert m.fetchable(m.match((77, 78))) is None  # nothing held: nothing to fetch
     assert _manager(policy="rules").fetchable(match) is None
+
+
+def test_retention_is_the_queue_aware_managers_and_off_for_norepl_and_rules() -> None:
+    assert CacheConfig().retention() == (1, 0.7)  # the defaults, chosen on the cache tuning set
+    assert CacheConfig(retain_reused=3, retain_fraction=0.25).retention() == (3, 0.25)
+    assert CacheConfig(replication=False).retention() is None  # norepl: the engines' plain LRU
+    assert CacheConfig(policy="rules").retention() is None  # the paper's rules: no retention
+    assert CacheConfig(retain_reused=0).retention() is None
+    with pytest.raises(ValueError):
+        CacheConfig(retain_fraction=0.0)

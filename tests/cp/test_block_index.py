@@ -90,3 +90,23 @@ def test_rows_round_trip_preserves_lru_order() -> None:
     idx.touch(A[:2])
     again = BlockIndex.from_rows(idx.rows(), 2, 4)
     assert [r[0] for r in again.rows()] == [r[0] for r in idx.rows()] == [201, 202, 102, 101]
+
+
+def test_retention_evicts_the_lru_block_not_reused_and_merge_keeps_the_most_reuse() -> None:
+    for retain, evicted in (((2, 0.5), [201, 202]), (None, [102, 101])):
+        idx = BlockIndex(degree=1, capacity=4, retain=retain)
+        idx.add_path(A[:2], 0)
+        idx.touch(A[:2], reuse=True)
+        idx.touch(A[:2], reuse=True)  # reused by two prefills: retained (with retention)
+        idx.add_path(B[:2], 0)  # LRU order: 102, 101, 201, 202
+        assert idx.add_path([301, 302], 0) == ([301, 302], evicted)
+    a = BlockIndex(degree=1, capacity=4, retain=(1, 1.0))
+    a.add_path(A[:2], 0)
+    a.touch(A[:2], reuse=True)
+    rows = a.rows()
+    assert [r[5] for r in rows] == [1, 1]  # hits travel in the rows
+    b = BlockIndex(degree=1, capacity=4, retain=(1, 1.0))
+    b.add_path(A[:2], 0)  # the same blocks, never reused here
+    merged, drop = BlockIndex.merge([(0, b.rows()), (1, rows)], degree=2, capacity=4, retain=(1, 1.0))
+    assert merged.retain == (1, 1.0) and drop == {1: [101], 0: [102]}  # one copy each, on its canonical rank
+    assert {r[0]: r[5] for r in merged.rows()} == {101: 1, 102: 1}  # as reused as its most reused copy

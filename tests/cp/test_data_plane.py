@@ -260,3 +260,24 @@ def test_a_queued_jobs_copy_starts_at_submit_and_its_prefill_follows_it() -> Non
         rec.wait(lambda: any(r.op_id == 6 for r in rec.reports(1)))  # the copy landed and confirmed
         rec.done("busy2")
         assert all(r.request_id != "withdrawn" for r in rec.of("done"))
+
+
+def test_a_prefix_reused_by_two_prefills_outlives_one_off_prompts_on_real_ranks() -> None:
+    """Retention (cache.retain_reused 2): under eviction pressure the rank keeps the shared prefix and evicts the
+    one-off prompts' blocks; plain LRU (retain_reused 0, what norepl runs) loses the prefix to them."""
+    prefix = tokens(16, 7)  # 2 blocks
+    users = [prefix + tokens(9, 100 + i) for i in range(4)]  # 3 full blocks each, the first 2 shared
+    one_offs = [tokens(25, 200 + i) for i in range(3)]  # 3 blocks each: 9 > the 6-block capacity
+    ref = ReferenceModel.from_config(tiny_config(1, [1]).model)
+    for retain_reused, reused in ((2, 16), (0, 0)):
+        cfg = tiny_config(1, [1], capacity=6)
+        cfg.cache.retain_reused = retain_reused
+        rec = Recorder()
+        with TorchDataPlane(cfg, return_kv=False) as dp:
+            dp.start([WorkerGroup(0, 0, 0, 1)], 0, rec)
+            assert [_run(dp, rec, f"u{i}", users[i], 0, 1)[0] for i in range(3)] == [0, 16, 16]
+            for i, toks in enumerate(one_offs):
+                assert _run(dp, rec, f"o{i}", toks, 0, 1)[0] == 0
+            cached, logits = _run(dp, rec, "u3", users[3], 0, 1)
+            assert cached == reused, retain_reused
+            assert (logits - ref.prefill(users[3])[0]).abs().max().item() <= TOL

@@ -71,3 +71,58 @@ def test_merge_keeps_each_block_on_its_rank_and_split_returns_it_whole() -> None
     a, b, _, _ = merged.split((8, 8))
     assert a.layout() == {1: 0, 2: 1, 3: 0, 4: 1, 6: 0} and b.layout() == {5: 0}
     assert a.leading([1, 2, 3, 4, 6]) == 5  # the lower child has the whole prefix it computed
+
+
+# -- retention (cache.retain_reused / retain_fraction; docs/design.md *Retention*) ----------------------------
+
+
+def _reused(c: BlockCache, keys: list[int], times: int, tick: int) -> None:
+    for i in range(times):
+        c.touch(keys, tick + i, reuse=True)
+
+
+def test_retention_keeps_a_reused_prefix_past_newer_one_off_prompts() -> None:
+    for retain, evicted in (((2, 0.5), [4, 3]), (None, [2, 1])):
+        c = BlockCache(6, retain=retain)
+        c.store([1, 2], tick=1)
+        _reused(c, [1, 2], 2, tick=2)  # reused by two prefills: retained (with retention)
+        c.store([3, 4], tick=5)
+        c.store([5, 6], tick=6)
+        assert c.keys()[:2] == [2, 1]  # the reused prefix is the least recently used
+        assert c.store([7, 8], tick=7) == (0, evicted)
+    assert c.leading([1, 2]) == 0  # plain LRU (the last loop) lost it
+
+
+def test_retention_falls_back_to_lru_beyond_its_budget() -> None:
+    c = BlockCache(4, retain=(1, 0.5))  # at most 2 retained blocks are protected
+    c.store([1, 2, 3], tick=1)
+    _reused(c, [1, 2, 3], 1, tick=2)  # 3 retained > budget 2
+    c.store([8], tick=3)
+    assert c.store([9], tick=4) == (0, [3])  # over budget: plain LRU (the chain's tail first)
+    assert c.store([10], tick=5) == (0, [8])  # within budget again: the LRU block not retained
+    assert c.leading([1, 2, 3]) == 2
+
+
+def test_retention_never_evicts_the_chain_being_stored() -> None:
+    c = BlockCache(4, retain=(1, 1.0))
+    c.store([1], tick=1)
+    _reused(c, [1], 1, tick=2)  # everything but the chain below is retained
+    c.store([5, 6], tick=3)
+    # 5, 6 are held and not retained: the only non-chain block (retained 1) must go, not a chain block
+    assert c.store([5, 6, 7, 8], tick=4) == (2, [1])
+    assert c.leading([5, 6, 7, 8]) == 4
+
+
+def test_split_and_merge_keep_reuse_counts() -> None:
+    retain = (1, 1.0)
+    c = BlockCache(4, degree=2, retain=retain)
+    c.store([1, 2], tick=1)  # depth 0 -> rank 0, depth 1 -> rank 1
+    _reused(c, [1, 2], 1, tick=2)
+    c.store([3, 4], tick=4)
+    lo, hi, _, _ = c.split((2, 2))
+    assert lo.retain == retain and lo.keys() == [1, 3]  # 1 is the least recent, but reused
+    assert lo.store([7], tick=5) == (0, [3])
+    merged, evicted = BlockCache.merge([(0, lo), (1, hi)], 4, 2, retain)
+    assert evicted == [] and sorted(merged.keys()) == [1, 2, 4, 7]
+    merged.store([9, 10], tick=6)  # two slots: the LRU blocks not retained (4, then 7), not 1 or 2
+    assert merged.leading([1, 2]) == 2 and 4 not in merged and 7 not in merged

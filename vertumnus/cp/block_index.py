@@ -20,6 +20,11 @@ Invariants
   than their descendants and eviction tends to take leaves.
 - Evicting a block evicts every present descendant (they would be unusable); a REMOVED report therefore never
   leaves a completely held descendant behind.
+- Retention (``cache.retain_reused`` = m > 0, the cache manager's; as the simulator's
+  :class:`~vertumnus.engines.sim.cache.BlockCache`): ``hits`` counts the prefills that reused a block. While a
+  rank's blocks with ``hits ≥ m`` number at most ``retain_fraction × capacity``, that rank evicts its least
+  recently used block with ``hits < m``; beyond, plain LRU. Reuse of a prefix is reuse of every block before
+  it, so hits never grow along a path and a retained block's ancestors are retained too.
 """
 
 from __future__ import annotations
@@ -35,19 +40,24 @@ class BlockMeta:
     depth: int
     owner: int  # rank inside the worker that stores the tensor
     tick: int  # last use; larger is more recent
+    hits: int = 0  # prefills that reused it (retention); non-increasing along a path
 
 
-# (key, parent, depth, owner, tick): the picklable form exchanged at a merge
-BlockRow = tuple[int, int | None, int, int, int]
+# (key, parent, depth, owner, tick, hits): the picklable form exchanged at a merge
+BlockRow = tuple[int, int | None, int, int, int, int]
 
 
 class BlockIndex:
     """Replicated per-worker block metadata with per-rank LRU and capacity."""
 
-    def __init__(self, degree: int, capacity: int) -> None:
+    def __init__(self, degree: int, capacity: int, retain: tuple[int, float] | None = None) -> None:
         assert degree >= 1 and capacity >= 1
         self.degree = degree
         self.capacity = capacity
+        self.retain = retain if retain and retain[0] > 0 else None
+        self._m = self.retain[0] if self.retain else 0  # 0: plain LRU
+        self._budget = int(capacity * self.retain[1]) if self.retain else 0
+        self._retained = [0] * degree  # per rank: blocks with hits ≥ m
         self._meta: dict[int, BlockMeta] = {}
         self._children: dict[int, set[int]] = {}  # parent key -> present children (parent may be absent)
         self._lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(degree)]
@@ -73,21 +83,28 @@ class BlockIndex:
                 return i
         return n
 
-    def touch(self, keys: Sequence[int]) -> None:
-        """Mark present ``keys`` (a path) as just used, leaf first so that ancestors end up most recent."""
+    def touch(self, keys: Sequence[int], reuse: bool = False) -> None:
+        """Mark present ``keys`` (a path) as just used, leaf first so that ancestors end up most recent.
+        ``reuse``: a prefill reuses them (counts towards retention)."""
         for key in reversed(keys):
             m = self._meta.get(key)
             if m is not None:
                 self._tick += 1
                 m.tick = self._tick
+                if reuse:
+                    m.hits += 1
+                    if m.hits == self._m:
+                        self._retained[m.owner] += 1
                 self._lru[m.owner].move_to_end(key)
 
-    def _insert(self, key: int, parent: int | None, depth: int, owner: int) -> None:
+    def _insert(self, key: int, parent: int | None, depth: int, owner: int, hits: int = 0) -> None:
         self._tick += 1
-        self._meta[key] = BlockMeta(parent, depth, owner, self._tick)
+        self._meta[key] = BlockMeta(parent, depth, owner, self._tick, hits)
         self._lru[owner][key] = None
         if parent is not None:
             self._children.setdefault(parent, set()).add(key)
+        if self._m and hits >= self._m:
+            self._retained[owner] += 1
 
     def remove(self, keys: Iterable[int]) -> list[int]:
         """Remove ``keys`` and all their present descendants; returns the removed keys (parents first)."""
@@ -104,6 +121,8 @@ class BlockIndex:
         for key in out:
             m = self._meta.pop(key)
             del self._lru[m.owner][key]
+            if self._m and m.hits >= self._m:
+                self._retained[m.owner] -= 1
             if m.parent is not None:
                 sib = self._children.get(m.parent)
                 if sib is not None:
@@ -115,7 +134,12 @@ class BlockIndex:
     def _make_room(self, rank: int, pinned: set[int], evicted: list[int]) -> bool:
         """Evict LRU subtrees owned by ``rank`` until it has a free slot; False if only pinned blocks remain."""
         while len(self._lru[rank]) >= self.capacity:
-            victim = next((k for k in self._lru[rank] if k not in pinned), None)
+            victim = None
+            if self._m and self._retained[rank] <= self._budget:  # the LRU block not retained, if any
+                meta = self._meta
+                victim = next((k for k in self._lru[rank] if k not in pinned and meta[k].hits < self._m), None)
+            if victim is None:
+                victim = next((k for k in self._lru[rank] if k not in pinned), None)
             if victim is None:
                 return False
             sub = self._subtree(victim)
@@ -160,38 +184,44 @@ class BlockIndex:
     def rows(self) -> list[BlockRow]:
         """All blocks, least recently used first (picklable)."""
         items = sorted(self._meta.items(), key=lambda kv: kv[1].tick)
-        return [(k, m.parent, m.depth, m.owner, m.tick) for k, m in items]
+        return [(k, m.parent, m.depth, m.owner, m.tick, m.hits) for k, m in items]
 
     @staticmethod
-    def from_rows(rows: Iterable[BlockRow], degree: int, capacity: int) -> BlockIndex:
+    def from_rows(
+        rows: Iterable[BlockRow], degree: int, capacity: int, retain: tuple[int, float] | None = None
+    ) -> BlockIndex:
         """Rebuild from :meth:`rows` (order = LRU order)."""
-        idx = BlockIndex(degree, capacity)
-        for key, parent, depth, owner, _tick in rows:
-            idx._insert(key, parent, depth, owner)
+        idx = BlockIndex(degree, capacity, retain)
+        for key, parent, depth, owner, _tick, hits in rows:
+            idx._insert(key, parent, depth, owner, hits)
         return idx
 
     def split(self, offset: int, degree: int) -> BlockIndex:
         """The child's index after a split: blocks on ranks [offset, offset + degree), renumbered from 0."""
-        rows = [(k, p, d, o - offset, t) for k, p, d, o, t in self.rows() if offset <= o < offset + degree]
-        return BlockIndex.from_rows(rows, degree, self.capacity)
+        rows = [(k, p, d, o - offset, t, h) for k, p, d, o, t, h in self.rows() if offset <= o < offset + degree]
+        return BlockIndex.from_rows(rows, degree, self.capacity, self.retain)
 
     @staticmethod
     def merge(
-        parts: Sequence[tuple[int, list[BlockRow]]], degree: int, capacity: int
+        parts: Sequence[tuple[int, list[BlockRow]]],
+        degree: int,
+        capacity: int,
+        retain: tuple[int, float] | None = None,
     ) -> tuple[BlockIndex, dict[int, list[int]]]:
         """Union of sources' rows (``(rank offset, rows)`` each) into one degree-``degree`` index.
 
         A key held by several sources keeps one copy: the one on its canonical rank (depth mod C) if any, else
-        the lowest rank. Returns the index and, per rank, the duplicate keys that rank must drop.
+        the lowest rank, counted as reused as often as its most reused copy. Returns the index and, per rank,
+        the duplicate keys that rank must drop.
         LRU order across sources: by tick, then source order (ticks of different workers are only roughly
         comparable; the order is deterministic, which is what replication across ranks needs).
         """
-        by_key: dict[int, list[tuple[int, int | None, int, int, int]]] = {}
+        by_key: dict[int, list[tuple[int, int | None, int, int, int, int]]] = {}
         for offset, rows in parts:
-            for key, parent, depth, owner, tick in rows:
-                by_key.setdefault(key, []).append((tick, parent, depth, owner + offset, offset))
+            for key, parent, depth, owner, tick, hits in rows:
+                by_key.setdefault(key, []).append((tick, parent, depth, owner + offset, offset, hits))
         drop: dict[int, list[int]] = {}
-        chosen: list[tuple[int, int, int, int | None, int, int]] = []
+        chosen: list[tuple[int, int, int, int | None, int, int, int]] = []
         for key, copies in by_key.items():
             depth = copies[0][2]
             canon = [c for c in copies if c[3] == depth % degree]
@@ -200,7 +230,8 @@ class BlockIndex:
                 if c is not keep:
                     drop.setdefault(c[3], []).append(key)
             tick = max(c[0] for c in copies)
-            chosen.append((tick, keep[4], key, keep[1], depth, keep[3]))
+            hits = max(c[5] for c in copies)
+            chosen.append((tick, keep[4], key, keep[1], depth, keep[3], hits))
         chosen.sort(key=lambda c: (c[0], c[1], c[2]))
-        rows = [(key, parent, depth, owner, tick) for tick, _o, key, parent, depth, owner in chosen]
-        return BlockIndex.from_rows(rows, degree, capacity), drop
+        rows = [(key, parent, depth, owner, tick, hits) for tick, _o, key, parent, depth, owner, hits in chosen]
+        return BlockIndex.from_rows(rows, degree, capacity, retain), drop

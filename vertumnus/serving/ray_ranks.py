@@ -66,6 +66,7 @@ class RankSet:
         return RankSpec(
             rank=rank, world_size=self.world, gpus_per_node=self.gpn, degrees=tuple(c.pool.degrees), model=c.model,
             block_tokens=c.cache.block_tokens, capacity_blocks=c.pool.kv_capacity_blocks_per_rank,
+            retain=c.cache.retention(),
             device="cuda" if self.hosting.use_gpu else "cpu", threads=1, timeout_s=self.timeout_s,
         )  # fmt: skip
 

@@ -11,12 +11,19 @@ Recency invariant (as vLLM's free-block queue): whenever a chain of blocks is us
 block to the first, so a block is never less recently used than any of its descendants. LRU eviction therefore
 removes descendants before their ancestors, and every eviction leaves the remaining holdings prefix-closed along
 each chain that was stored complete.
+
+Retention (the cache manager's, ``cache.retain_reused`` = m > 0; docs/design.md *Retention*): a block reused by
+at least m prefills (its ``hits``; a store is not a reuse) is *retained*. Eviction takes the least recently used
+block that is not retained, unless retained blocks fill more than ``cache.retain_fraction`` of the capacity, in
+which case it takes the least recently used block of all. A prefix's reuse is a reuse of every block before it,
+so hits never grow along a chain: a retained block's ancestors are retained too, and eviction stays
+prefix-closed. With m = 0 eviction is plain LRU (the engines' own, what ``norepl`` runs).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -26,31 +33,53 @@ class _Entry:
     parent: int | None  # key of block depth-1, None at depth 0
     tick: int  # last use (monotone counter shared by a data plane); orders LRU across merged caches
     rank: int  # rank inside the worker that stores it
+    hits: int = 0  # prefills that reused it (retention); non-increasing along a chain
 
 
 class BlockCache:
     """LRU set of blocks of a degree-``degree`` worker with a capacity in blocks; every mutator returns what it
     evicted / removed."""
 
-    __slots__ = ("_children", "_entries", "capacity", "degree")
+    __slots__ = (
+        "_children",
+        "_entries",
+        "_retain",
+        "_retained",
+        "capacity",
+        "degree",
+        "retain_budget",
+        "retain_reused",
+    )
 
-    def __init__(self, capacity: int, degree: int = 1) -> None:
+    def __init__(self, capacity: int, degree: int = 1, retain: tuple[int, float] | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"cache capacity must be ≥ 1 block, got {capacity}")
         if degree < 1:
             raise ValueError(f"cache degree must be ≥ 1, got {degree}")
         self.capacity = capacity
         self.degree = degree
+        # retain = (m, fraction): blocks reused ≥ m times outlive the others while they fill ≤ fraction × capacity.
+        self._retain = retain if retain and retain[0] > 0 else None
+        self.retain_reused = self._retain[0] if self._retain else 0
+        self.retain_budget = int(capacity * self._retain[1]) if self._retain else 0
+        self._retained = 0  # held entries with hits ≥ retain_reused (when retain_reused > 0)
         # Invariant: iteration order = LRU order (front = least recently used); len ≤ capacity.
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         # Invariant: _children[p] = held keys whose parent key is p (p itself need not be held).
         self._children: dict[int, set[int]] = {}
+
+    @property
+    def retain(self) -> tuple[int, float] | None:
+        """The retention setting this cache was made with (a split's children inherit it)."""
+        return self._retain
 
     def _add(self, key: int, entry: _Entry) -> None:
         """Insert at the MRU end."""
         self._entries[key] = entry
         if entry.parent is not None:
             self._children.setdefault(entry.parent, set()).add(key)
+        if self.retain_reused and entry.hits >= self.retain_reused:
+            self._retained += 1
 
     def _drop(self, key: int) -> None:
         e = self._entries.pop(key)
@@ -59,9 +88,20 @@ class BlockCache:
             sibs.discard(key)
             if not sibs:
                 del self._children[e.parent]
+        if self.retain_reused and e.hits >= self.retain_reused:
+            self._retained -= 1
 
-    def _evict_lru(self) -> int:
-        key = next(iter(self._entries))
+    def _evict_lru(self, chain: Container[int] = ()) -> int:
+        """Evict one block; ``chain`` = blocks being stored, all at the MRU end behind at least one other."""
+        entries = self._entries
+        key = next(iter(entries))
+        m = self.retain_reused
+        if m and self._retained <= self.retain_budget and entries[key].hits >= m:
+            # The LRU block not retained; the retained ones in front of it are skipped (at most the budget). If
+            # that is a block of the chain, everything else is retained: the LRU block goes after all.
+            k = next((k for k, e in entries.items() if e.hits < m), key)
+            if k not in chain:
+                key = k
         self._drop(key)
         return key
 
@@ -97,13 +137,19 @@ class BlockCache:
         entries = self._entries
         return sum(1 for k in keys[start:] if k not in entries)
 
-    def touch(self, keys: Sequence[int], tick: int) -> None:
-        """Mark the held blocks of a chain used, last block first (keeps the recency invariant)."""
+    def touch(self, keys: Sequence[int], tick: int, reuse: bool = False) -> None:
+        """Mark the held blocks of a chain used, last block first (keeps the recency invariant). ``reuse``: a
+        prefill reuses them (counts towards retention)."""
         entries = self._entries
+        m = self.retain_reused
         for k in reversed(keys):
             e = entries.get(k)
             if e is not None:
                 e.tick = tick
+                if reuse:
+                    e.hits += 1
+                    if e.hits == m:
+                        self._retained += 1
                 entries.move_to_end(k)
 
     def store(self, keys: Sequence[int], tick: int) -> tuple[int | None, list[int]]:
@@ -126,8 +172,9 @@ class BlockCache:
             if len(entries) + need > self.capacity:
                 self.touch(chain, tick)  # protect the held chain blocks: they move to the MRU end
                 # held-chain + new ≤ n ≤ capacity, so the front holds a non-chain victim while over budget.
+                held = set(chain) if self.retain_reused else ()
                 while len(entries) + need > self.capacity:
-                    evicted.append(self._evict_lru())
+                    evicted.append(self._evict_lru(held))
             for i in range(n - 1, first_new - 1, -1):  # insert last block first: ancestors end up more recent
                 k = chain[i]
                 if k not in entries:
@@ -162,6 +209,7 @@ class BlockCache:
         out = list(self._entries)
         self._entries.clear()
         self._children.clear()
+        self._retained = 0
         return out
 
     def split(self, capacities: tuple[int, int]) -> tuple[BlockCache, BlockCache, list[int], list[int]]:
@@ -170,33 +218,37 @@ class BlockCache:
         upper, evicted_lower, evicted_upper)."""
         assert self.degree % 2 == 0, f"cannot split a degree-{self.degree} cache"
         half = self.degree // 2
-        lo, hi = BlockCache(capacities[0], half), BlockCache(capacities[1], half)
+        lo, hi = BlockCache(capacities[0], half, self.retain), BlockCache(capacities[1], half, self.retain)
         for k, e in self._entries.items():
             if e.rank < half:
-                lo._add(k, _Entry(e.depth, e.parent, e.tick, e.rank))
+                lo._add(k, _Entry(e.depth, e.parent, e.tick, e.rank, e.hits))
             else:
-                hi._add(k, _Entry(e.depth, e.parent, e.tick, e.rank - half))
+                hi._add(k, _Entry(e.depth, e.parent, e.tick, e.rank - half, e.hits))
         return lo, hi, lo._shrink(), hi._shrink()
 
     @staticmethod
-    def merge(parts: Sequence[tuple[int, BlockCache]], capacity: int, degree: int) -> tuple[BlockCache, list[int]]:
+    def merge(
+        parts: Sequence[tuple[int, BlockCache]], capacity: int, degree: int, retain: tuple[int, float] | None = None
+    ) -> tuple[BlockCache, list[int]]:
         """Union of sibling caches, each given with its first rank inside the merged degree-``degree`` worker.
 
         Blocks stay on their ranks (no copying). A key several parts hold keeps one copy: the one on its
         canonical rank ``depth mod degree`` if any, else the one on the lowest rank; it counts as used at its
-        latest use. LRU order by last-use tick; evicts beyond capacity.
+        latest use and as reused as often as its most reused copy. LRU order by last-use tick; evicts beyond
+        capacity.
         """
         best: dict[int, _Entry] = {}
         for offset, part in parts:
             for k, e in part._entries.items():
-                new = _Entry(e.depth, e.parent, e.tick, e.rank + offset)
+                new = _Entry(e.depth, e.parent, e.tick, e.rank + offset, e.hits)
                 cur = best.get(k)
                 if cur is not None:  # keep the copy on the canonical rank, else the lower rank
                     better = (new.rank == new.depth % degree, -new.rank) > (cur.rank == cur.depth % degree, -cur.rank)
                     new.tick = cur.tick = max(cur.tick, new.tick)
+                    new.hits = cur.hits = max(cur.hits, new.hits)
                     new = new if better else cur
                 best[k] = new
-        out = BlockCache(capacity, degree)
+        out = BlockCache(capacity, degree, retain)
         # Sort by tick, deeper blocks first on equal ticks (recency invariant: ancestors never older).
         for k, e in sorted(best.items(), key=lambda kv: (kv[1].tick, -kv[1].depth)):
             out._add(k, e)

@@ -69,6 +69,7 @@ class SimDataPlane:
         self._early: dict[int, _EarlyCopy] = {}
         self.block_tokens = cfg.cache.block_tokens
         self.per_rank_blocks = cfg.pool.kv_capacity_blocks_per_rank
+        self.retain = cfg.cache.retention()  # the cache manager's eviction order (None: plain LRU)
         self.switch_s = cfg.controller.switch_s
         self.workers: dict[int, SimWorker] = {}
         self.stats = SimStats()
@@ -87,7 +88,7 @@ class SimDataPlane:
 
     def _new_worker(self, group: WorkerGroup, epoch: int, cache: BlockCache | None = None) -> SimWorker:
         if cache is None:
-            cache = BlockCache(self.per_rank_blocks * group.degree, group.degree)
+            cache = BlockCache(self.per_rank_blocks * group.degree, group.degree, self.retain)
         w = SimWorker(group, cache, epoch)
         self.workers[group.worker_id] = w
         return w
@@ -256,7 +257,7 @@ class SimDataPlane:
         else:
             (tgt,) = plan.targets
             offsets = [(s.group.first_rank - tgt.first_rank, s.cache) for s in srcs]
-            merged, ev = BlockCache.merge(offsets, self.per_rank_blocks * tgt.degree, tgt.degree)
+            merged, ev = BlockCache.merge(offsets, self.per_rank_blocks * tgt.degree, tgt.degree, self.retain)
             parts = [(tgt, merged, ev)]
         for g, cache, _ in parts:
             self._new_worker(g, plan.epoch, cache)
@@ -364,7 +365,7 @@ class SimDataPlane:
     def _compute(self, w: SimWorker, job: PrefillJob, started: float) -> None:
         req = job.request
         blocks = w.cache.leading(req.block_keys, job.max_reuse_blocks)
-        w.cache.touch(req.block_keys[:blocks], self._next_tick())  # in use: most recently used
+        w.cache.touch(req.block_keys[:blocks], self._next_tick(), reuse=True)  # in use: most recently used
         p = reused_tokens(blocks, req.input_len, self.block_tokens) if blocks else 0
         dur = self.cost.predict(w.group.degree, req.input_len - p, p)
         self.loop.push(self.loop.now + dur, _E, self._done, w, job, p, started)

@@ -64,6 +64,7 @@ class TorchDataPlane(DataPlaneCore):
             model=cfg.model,
             block_tokens=cfg.cache.block_tokens,
             capacity_blocks=pool.kv_capacity_blocks_per_rank,
+            retain=cfg.cache.retention(),
             device=device,
             attn_impl=attn_impl,
             threads=threads_per_rank,

@@ -28,6 +28,7 @@ class RankSpec:
     model: ModelConfig
     block_tokens: int  # KV block = one manager cache block (cache.block_tokens)
     capacity_blocks: int  # per-rank KV capacity in blocks
+    retain: tuple[int, float] | None = None  # cache.retention(): eviction order (None: plain LRU)
     device: str = "cpu"  # "cpu" or "cuda" (rank r uses cuda:(r mod device_count))
     attn_impl: str = "auto"
     threads: int = 1  # intra-op threads per rank (CPU)

@@ -64,7 +64,7 @@ class RankWorker:
         self.group: WorkerGroup | None = None
         self.epoch = -1
         self.comm: Comm = LocalComm()
-        self.index = BlockIndex(1, spec.capacity_blocks)
+        self.index = BlockIndex(1, spec.capacity_blocks, spec.retain)
         self.blocks: dict[int, torch.Tensor] = {}  # tensors of the blocks this rank owns
         self._handlers: dict[type, Any] = {
             m.RunPrefill: self._prefill,
@@ -126,7 +126,7 @@ class RankWorker:
         """Become a rank of ``group`` with an empty cache (start-up, restart)."""
         self.group, self.epoch = group, epoch
         self.comm = self._comm_for(group)
-        self.index = BlockIndex(group.degree, self.spec.capacity_blocks)
+        self.index = BlockIndex(group.degree, self.spec.capacity_blocks, self.spec.retain)
         self.blocks = {}
         return [m.EpochAck(group.worker_id, self.spec.rank, epoch)]
 
@@ -161,7 +161,7 @@ class RankWorker:
         assert len(keys) == ids.numel() // bt, "block keys do not match the prompt"
         # Reuse a leading run of held blocks; keep ≥ 1 token uncached (its logits start decode).
         reuse = self.index.match(keys, min(cmd.max_reuse_blocks, (ids.numel() - 1) // bt))
-        self.index.touch(keys[:reuse])
+        self.index.touch(keys[:reuse], reuse=True)
         prefix = gather_prefix(self.comm, self.index, self.blocks, keys[:reuse], self._block_like)
         out = cp_prefill(self.model, self.comm, ids[reuse * bt :], prefix, self.attend)
         added_list, evicted = self.index.add_path(keys, reuse)
@@ -219,11 +219,11 @@ class RankWorker:
         target = cmd.target
         new_rank = self.local_rank - target.first_rank
         old_rank = self.comm.rank
-        mine = [(k, p, d, 0, t) for k, p, d, o, t in self.index.rows() if o == old_rank]
+        mine = [(k, p, d, 0, t, h) for k, p, d, o, t, h in self.index.rows() if o == old_rank]
         self.group, self.epoch = target, cmd.epoch
         self.comm = self._comm_for(target)
         parts = self.comm.all_gather_object((new_rank, mine))
-        self.index, drop = BlockIndex.merge(parts, target.degree, self.spec.capacity_blocks)
+        self.index, drop = BlockIndex.merge(parts, target.degree, self.spec.capacity_blocks, self.spec.retain)
         for k in drop.get(new_rank, ()):
             self.blocks.pop(k, None)
         assert set(self.blocks) == {k for k, *_ in self.index.rows() if self.index.owner(k) == new_rank}
@@ -279,6 +279,6 @@ class RankWorker:
     def _list(self, cmd: m.ListBlocks) -> list[m.Reply]:
         self._check(cmd.worker_id)
         me = self.comm.rank
-        keys = tuple(k for k, _p, _d, owner, _t in self.index.rows() if owner == me)
+        keys = tuple(k for k, _p, _d, owner, *_ in self.index.rows() if owner == me)
         assert set(keys) == set(self.blocks), f"rank {self.spec.rank}: index and stored tensors disagree"
         return [m.BlockList(cmd.token, cmd.worker_id, me, keys)]

@@ -80,6 +80,11 @@ class VllmDataPlane:
         self.gpn = cfg.pool.gpus_per_node
         self.block_tokens = cfg.cache.block_tokens
         engine_blocks_per_block(self.block_tokens, self.v.block_size)  # fail early on a non-dividing block
+        if cfg.cache.retention() is not None:  # vLLM's block pool evicts from its own free queue (LRU)
+            log.warning(
+                "cache.retain_reused=%d is not applied by vLLM engines: their prefix cache stays plain LRU",
+                cfg.cache.retain_reused,
+            )
         self.workers: dict[int, VllmWorker] = {}
         self.indexes: dict[tuple[int, str | None], KeyIndex] = {}
         self.hashers: dict[tuple[int, str | None], VllmBlockHasher] = {}
