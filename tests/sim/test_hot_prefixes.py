@@ -4,6 +4,7 @@ report's section splice."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 import pytest
@@ -171,19 +172,22 @@ def test_cache_ablation_runs_every_policy_and_mode_and_renders_its_section(tmp_p
         "     hot_prefixes: {count: 2, min_tokens: 2048, max_tokens: 4096, share: 0.8}}\n"
     )
     res = evaluate_cache(str(spec), "configs/sim-40gpu.yaml")
-    assert len(res.runs) == 6  # 1 workload × 1 load × 1 KV size × 2 modes × 3 policies
+    assert len(res.runs) == 10  # 1 workload × 1 load × 1 KV size × 2 modes × 5 policies
     assert res.capacities == {"H100-80GB": 218}
     es = load_cache_set(str(spec))
     vs = verdicts(res, es.loads, ["w"])
-    assert [(v.mode, v.policy) for v in vs] == [
-        ("fixed", "rules"), ("fixed", "queue_aware"), ("controller", "rules"), ("controller", "queue_aware")
-    ]  # fmt: skip
+    parts = ["rules", "queue_aware", "copies_only", "retention_only"]
+    assert [(v.mode, v.policy) for v in vs] == [(m, p) for m in ("fixed", "controller") for p in parts]
     assert all(v.lost == 0 for v in vs)
+    for mode in ("fixed", "controller"):  # queue_aware's retention alone orders no fetch or push copy
+        alone = res.run("w", "H100-80GB", 0.5, mode, "retention_only")
+        assert alone["fetch_copies"] == alone["push_copies"] == 0
     text = render(res, es, None, 1.0, "test")
     assert text.startswith("<!-- section:cache-ablation -->") and text.rstrip().endswith(
         "<!-- /section:cache-ablation -->"
     )
     assert "`rules`" in text and "`queue_aware`" in text and "H100-80GB (218 blocks)" in text
+    assert re.search(r"`copies_only` \d of 2; `retention_only` \d of 2", text)
     assert "| ordered: fetch / push / scan |" in text
 
 

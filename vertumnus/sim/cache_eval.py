@@ -4,7 +4,8 @@ Each workload is a steady stream resampled from the public traces (:mod:`vertumn
 prefixes prepended (system / tool prompts, Zipf popularity; multi-turn sessions keep theirs), run at several loads
 and several per-GPU KV capacities — each capacity computed from a GPU's memory, the model's weights and its KV size
 (:mod:`vertumnus.sim.kv_capacity`). Every point runs the pool without replication (``norepl``) and with each
-replication policy (``rules``: the paper's thresholds; ``queue_aware``: :mod:`vertumnus.cache.hot_copy`), at the
+replication policy (``rules``: the paper's thresholds; ``queue_aware``: :mod:`vertumnus.cache.hot_copy` and
+retention; ``copies_only`` / ``retention_only``: queue_aware's two parts apart, see :data:`PARTS`), at the
 set's fixed composition with the controller off, and again with the controller on (started from that
 composition). Verdict per (workload, capacity, mode, policy), as the issue states it: P90 TTFT ≥ 10% below
 ``norepl`` at the highest load where ``norepl`` still meets the SLO target, and never more than 1% above it at any
@@ -47,7 +48,10 @@ from vertumnus.sim.protocol import (
 )
 from vertumnus.sim.runner import run_policy
 
-POLICIES = ("norepl", "rules", "queue_aware")
+POLICIES = ("norepl", "rules", "queue_aware", "copies_only", "retention_only")
+# queue_aware's two parts, run apart so the ablation shows what each pays: its copies (fetch, push, the scan's
+# inter-degree ones) over the engines' plain LRU, and its retention with no fetch or push copy.
+PARTS: dict[str, dict[str, int]] = {"copies_only": {"retain_reused": 0}, "retention_only": {"hot_min_blocks": 10**9}}
 MODES = ("fixed", "controller")
 P90_GAIN = 0.10  # P90 at least this much lower at the highest load that meets the SLO
 P90_SLACK = 0.01  # and never more than this much higher at any load
@@ -157,7 +161,9 @@ def run_config(es: CacheEvalSet, cfg: VertumnusConfig, task: CacheTask) -> Vertu
     out.controller.enabled = task.mode == "controller"
     out.cache.replication = task.policy != "norepl"
     if task.policy != "norepl":
-        out.cache.policy = task.policy  # type: ignore[assignment]
+        out.cache.policy = "rules" if task.policy == "rules" else "queue_aware"
+        for key, value in PARTS.get(task.policy, {}).items():
+            setattr(out.cache, key, value)
     return out
 
 
@@ -272,6 +278,9 @@ def _rel(a: float | None, b: float | None) -> float:
 
 
 def verdicts(res: CacheEvalResult, loads: Sequence[float], workloads: Sequence[str]) -> list[Verdict]:
+    """Each replication policy that ran against ``norepl``, per (workload, KV size, mode)."""
+    ran = {t.policy for t in res.runs}
+    policies = [p for p in POLICIES[1:] if p in ran]
     out = []
     for w in workloads:
         for gpu in res.capacities:
@@ -279,7 +288,7 @@ def verdicts(res: CacheEvalResult, loads: Sequence[float], workloads: Sequence[s
                 base = {x: res.run(w, gpu, x, mode, "norepl") for x in loads}
                 ok = [x for x in loads if (base[x]["slo_attainment_token_weighted"] or 0) >= res.slo_target]
                 top = max(ok) if ok else None
-                for pol in POLICIES[1:]:
+                for pol in policies:
                     runs = {x: res.run(w, gpu, x, mode, pol) for x in loads}
                     rel = {x: _rel(runs[x]["p90_ttft_s"], base[x]["p90_ttft_s"]) for x in loads}
                     lost = sum(int(r[k] or 0) for r in runs.values() for k in LOST)

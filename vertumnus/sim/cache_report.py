@@ -18,6 +18,7 @@ from vertumnus.sim.cache_eval import (
     load_cache_set,
     verdicts,
 )
+from vertumnus.sim.inputs import load_sim_config
 
 TEST_SET = "configs/eval/cache-test.yaml"
 TUNING_SET = "configs/eval/cache-tuning.yaml"
@@ -37,8 +38,11 @@ def _gb(blocks: float | None, bpb: int) -> str:
     return f"{(blocks or 0) * bpb / 1e9:,.0f}"
 
 
+DETAILED = ("rules", "queue_aware")  # the per-workload tables; queue_aware's parts appear in the verdict table
+
+
 def workload_table(res: CacheEvalResult, es: CacheEvalSet, workload: str, mode: str) -> str:
-    pols = POLICIES[1:]
+    pols = DETAILED
     head = "| KV / GPU | load | norepl mean / P90 / P99 (s) | SLO | hit | evicted |"
     sep = "|---|---:|---|---:|---:|---:|"
     for p in pols:
@@ -88,7 +92,8 @@ def verdict_table(res: CacheEvalResult, es: CacheEvalSet) -> tuple[str, dict[str
         wst = (f"{v.worst_load:g}: " + _pct(v.worst_p90) + _range(v.worst_range)) if many else _pct(v.worst_p90)
         rows.append(f"| {v.workload} | {v.gpu} | {v.mode} | {v.policy} | {top} | {at} | {wst} | {v.lost} | "
                     f"{'pass' if v.passed else 'fail'} |")  # fmt: skip
-    counts = {p: (sum(v.passed for v in vs if v.policy == p), sum(v.policy == p for v in vs)) for p in POLICIES[1:]}
+    pols = [p for p in POLICIES[1:] if any(v.policy == p for v in vs)]
+    counts = {p: (sum(v.passed for v in vs if v.policy == p), sum(v.policy == p for v in vs)) for p in pols}
     return "\n".join(rows), counts
 
 
@@ -97,6 +102,8 @@ def render(res: CacheEvalResult, es: CacheEvalSet, tuning: CacheEvalSet | None, 
     caps = ", ".join(f"{k} {v}" for k, v in res.capacities.items())
     m = es.memory
     vt, counts = verdict_table(res, es)
+    qa = load_sim_config(res.config).cache
+    retain = (qa.retain_reused, qa.retain_fraction)
     tally = "; ".join(f"`{p}` {a} of {n}" for p, (a, n) in counts.items())
     out = [
         f"<!-- section:{SECTION} -->",
@@ -131,6 +138,14 @@ def render(res: CacheEvalResult, es: CacheEvalSet, tuning: CacheEvalSet | None, 
         "placement was priced with it); a *push* copies a hot prefix off a queued holder after a placement; "
         "*scan* copies come from the periodic scan (the rules' replications; under queue_aware the inter-degree "
         "ones).",
+        "",
+        "`queue_aware` is copies and retention together (docs/design.md §3): the engines evict the least recently "
+        f"used block that fewer than {retain[0]} prefill(s) reused, while the blocks reused that often fill at most "
+        f"{retain[1]:g} of a worker's KV capacity; `norepl` runs the engines' plain LRU. Its two parts run apart "
+        "on the same streams: `copies_only` "
+        "(`cache.retain_reused: 0`: fetches, pushes and scan copies over plain LRU) and `retention_only` "
+        "(`cache.hot_min_blocks` out of reach: no fetch or push copy). The per-workload tables below show "
+        "`rules` and `queue_aware`; the verdict table all four.",
         "",
         vt,
         "",
