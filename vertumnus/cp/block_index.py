@@ -58,6 +58,8 @@ class BlockIndex:
         self._m = self.retain[0] if self.retain else 0  # 0: plain LRU
         self._budget = int(capacity * self.retain[1]) if self.retain else 0
         self._retained = [0] * degree  # per rank: blocks with hits ≥ m
+        # Invariant (retention on): _cold[r] = rank r's keys with hits < m, in the order of _lru[r] (O(1) victim).
+        self._cold: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(degree)]
         self._meta: dict[int, BlockMeta] = {}
         self._children: dict[int, set[int]] = {}  # parent key -> present children (parent may be absent)
         self._lru: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(degree)]
@@ -91,11 +93,17 @@ class BlockIndex:
             if m is not None:
                 self._tick += 1
                 m.tick = self._tick
-                if reuse:
-                    m.hits += 1
+                self._lru[m.owner].move_to_end(key)
+                if self._m and m.hits < self._m:
+                    if reuse:
+                        m.hits += 1
                     if m.hits == self._m:
                         self._retained[m.owner] += 1
-                self._lru[m.owner].move_to_end(key)
+                        del self._cold[m.owner][key]
+                    else:
+                        self._cold[m.owner].move_to_end(key)
+                elif reuse:
+                    m.hits += 1
 
     def _insert(self, key: int, parent: int | None, depth: int, owner: int, hits: int = 0) -> None:
         self._tick += 1
@@ -103,8 +111,11 @@ class BlockIndex:
         self._lru[owner][key] = None
         if parent is not None:
             self._children.setdefault(parent, set()).add(key)
-        if self._m and hits >= self._m:
-            self._retained[owner] += 1
+        if self._m:
+            if hits >= self._m:
+                self._retained[owner] += 1
+            else:
+                self._cold[owner][key] = None
 
     def remove(self, keys: Iterable[int]) -> list[int]:
         """Remove ``keys`` and all their present descendants; returns the removed keys (parents first)."""
@@ -121,8 +132,11 @@ class BlockIndex:
         for key in out:
             m = self._meta.pop(key)
             del self._lru[m.owner][key]
-            if self._m and m.hits >= self._m:
-                self._retained[m.owner] -= 1
+            if self._m:
+                if m.hits >= self._m:
+                    self._retained[m.owner] -= 1
+                else:
+                    del self._cold[m.owner][key]
             if m.parent is not None:
                 sib = self._children.get(m.parent)
                 if sib is not None:
@@ -136,8 +150,7 @@ class BlockIndex:
         while len(self._lru[rank]) >= self.capacity:
             victim = None
             if self._m and self._retained[rank] <= self._budget:  # the LRU block not retained, if any
-                meta = self._meta
-                victim = next((k for k in self._lru[rank] if k not in pinned and meta[k].hits < self._m), None)
+                victim = next((k for k in self._cold[rank] if k not in pinned), None)
             if victim is None:
                 victim = next((k for k in self._lru[rank] if k not in pinned), None)
             if victim is None:

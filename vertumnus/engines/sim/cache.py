@@ -42,6 +42,7 @@ class BlockCache:
 
     __slots__ = (
         "_children",
+        "_cold",
         "_entries",
         "_retain",
         "_retained",
@@ -63,6 +64,9 @@ class BlockCache:
         self.retain_reused = self._retain[0] if self._retain else 0
         self.retain_budget = int(capacity * self._retain[1]) if self._retain else 0
         self._retained = 0  # held entries with hits ≥ retain_reused (when retain_reused > 0)
+        # Invariant (retention on): _cold = the held keys with hits < retain_reused, in the LRU order of _entries,
+        # so the victim is found in O(1).
+        self._cold: OrderedDict[int, None] = OrderedDict()
         # Invariant: iteration order = LRU order (front = least recently used); len ≤ capacity.
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         # Invariant: _children[p] = held keys whose parent key is p (p itself need not be held).
@@ -78,8 +82,11 @@ class BlockCache:
         self._entries[key] = entry
         if entry.parent is not None:
             self._children.setdefault(entry.parent, set()).add(key)
-        if self.retain_reused and entry.hits >= self.retain_reused:
-            self._retained += 1
+        if self.retain_reused:
+            if entry.hits >= self.retain_reused:
+                self._retained += 1
+            else:
+                self._cold[key] = None
 
     def _drop(self, key: int) -> None:
         e = self._entries.pop(key)
@@ -88,18 +95,21 @@ class BlockCache:
             sibs.discard(key)
             if not sibs:
                 del self._children[e.parent]
-        if self.retain_reused and e.hits >= self.retain_reused:
-            self._retained -= 1
+        if self.retain_reused:
+            if e.hits >= self.retain_reused:
+                self._retained -= 1
+            else:
+                del self._cold[key]
 
     def _evict_lru(self, chain: Container[int] = ()) -> int:
         """Evict one block; ``chain`` = blocks being stored, all at the MRU end behind at least one other."""
         entries = self._entries
         key = next(iter(entries))
         m = self.retain_reused
-        if m and self._retained <= self.retain_budget and entries[key].hits >= m:
-            # The LRU block not retained; the retained ones in front of it are skipped (at most the budget). If
-            # that is a block of the chain, everything else is retained: the LRU block goes after all.
-            k = next((k for k, e in entries.items() if e.hits < m), key)
+        if m and self._retained <= self.retain_budget and entries[key].hits >= m and self._cold:
+            # The LRU block not retained. If that is a block of the chain, everything else is retained: the LRU
+            # block goes after all.
+            k = next(iter(self._cold))
             if k not in chain:
                 key = k
         self._drop(key)
@@ -142,15 +152,22 @@ class BlockCache:
         prefill reuses them (counts towards retention)."""
         entries = self._entries
         m = self.retain_reused
+        cold = self._cold
         for k in reversed(keys):
             e = entries.get(k)
             if e is not None:
                 e.tick = tick
-                if reuse:
-                    e.hits += 1
+                entries.move_to_end(k)
+                if m and e.hits < m:
+                    if reuse:
+                        e.hits += 1
                     if e.hits == m:
                         self._retained += 1
-                entries.move_to_end(k)
+                        del cold[k]
+                    else:
+                        cold.move_to_end(k)
+                elif reuse:
+                    e.hits += 1
 
     def store(self, keys: Sequence[int], tick: int) -> tuple[int | None, list[int]]:
         """Hold the chain ``keys`` (the leading ``capacity`` blocks if it is longer).
@@ -209,6 +226,7 @@ class BlockCache:
         out = list(self._entries)
         self._entries.clear()
         self._children.clear()
+        self._cold.clear()
         self._retained = 0
         return out
 
