@@ -41,15 +41,15 @@ class BlockCache:
     evicted / removed."""
 
     __slots__ = (
+        "_budget",
         "_children",
         "_cold",
         "_entries",
-        "_retain",
+        "_m",
         "_retained",
         "capacity",
         "degree",
-        "retain_budget",
-        "retain_reused",
+        "retain",
     )
 
     def __init__(self, capacity: int, degree: int = 1, retain: tuple[int, float] | None = None) -> None:
@@ -59,31 +59,27 @@ class BlockCache:
             raise ValueError(f"cache degree must be ≥ 1, got {degree}")
         self.capacity = capacity
         self.degree = degree
-        # retain = (m, fraction): blocks reused ≥ m times outlive the others while they fill ≤ fraction × capacity.
-        self._retain = retain if retain and retain[0] > 0 else None
-        self.retain_reused = self._retain[0] if self._retain else 0
-        self.retain_budget = int(capacity * self._retain[1]) if self._retain else 0
-        self._retained = 0  # held entries with hits ≥ retain_reused (when retain_reused > 0)
-        # Invariant (retention on): _cold = the held keys with hits < retain_reused, in the LRU order of _entries,
-        # so the victim is found in O(1).
+        # retain = (m, fraction): blocks reused ≥ m times outlive the others while they fill ≤ fraction × capacity
+        # (a split's children and a merge inherit it).
+        self.retain = retain if retain and retain[0] > 0 else None
+        self._m = self.retain[0] if self.retain else 0  # 0: plain LRU
+        self._budget = int(capacity * self.retain[1]) if self.retain else 0
+        self._retained = 0  # held entries with hits ≥ m (when m > 0)
+        # Invariant (retention on): _cold = the held keys with hits < m, in the LRU order of _entries, so the
+        # victim is found in O(1).
         self._cold: OrderedDict[int, None] = OrderedDict()
         # Invariant: iteration order = LRU order (front = least recently used); len ≤ capacity.
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         # Invariant: _children[p] = held keys whose parent key is p (p itself need not be held).
         self._children: dict[int, set[int]] = {}
 
-    @property
-    def retain(self) -> tuple[int, float] | None:
-        """The retention setting this cache was made with (a split's children inherit it)."""
-        return self._retain
-
     def _add(self, key: int, entry: _Entry) -> None:
         """Insert at the MRU end."""
         self._entries[key] = entry
         if entry.parent is not None:
             self._children.setdefault(entry.parent, set()).add(key)
-        if self.retain_reused:
-            if entry.hits >= self.retain_reused:
+        if self._m:
+            if entry.hits >= self._m:
                 self._retained += 1
             else:
                 self._cold[key] = None
@@ -95,8 +91,8 @@ class BlockCache:
             sibs.discard(key)
             if not sibs:
                 del self._children[e.parent]
-        if self.retain_reused:
-            if e.hits >= self.retain_reused:
+        if self._m:
+            if e.hits >= self._m:
                 self._retained -= 1
             else:
                 del self._cold[key]
@@ -105,8 +101,8 @@ class BlockCache:
         """Evict one block; ``chain`` = blocks being stored, all at the MRU end behind at least one other."""
         entries = self._entries
         key = next(iter(entries))
-        m = self.retain_reused
-        if m and self._retained <= self.retain_budget and entries[key].hits >= m and self._cold:
+        m = self._m
+        if m and self._retained <= self._budget and entries[key].hits >= m and self._cold:
             # The LRU block not retained. If that is a block of the chain, everything else is retained: the LRU
             # block goes after all.
             k = next(iter(self._cold))
@@ -151,7 +147,7 @@ class BlockCache:
         """Mark the held blocks of a chain used, last block first (keeps the recency invariant). ``reuse``: a
         prefill reuses them (counts towards retention)."""
         entries = self._entries
-        m = self.retain_reused
+        m = self._m
         cold = self._cold
         for k in reversed(keys):
             e = entries.get(k)
@@ -189,7 +185,7 @@ class BlockCache:
             if len(entries) + need > self.capacity:
                 self.touch(chain, tick)  # protect the held chain blocks: they move to the MRU end
                 # held-chain + new ≤ n ≤ capacity, so the front holds a non-chain victim while over budget.
-                held = set(chain) if self.retain_reused else ()
+                held = set(chain) if self._m else ()
                 while len(entries) + need > self.capacity:
                     evicted.append(self._evict_lru(held))
             for i in range(n - 1, first_new - 1, -1):  # insert last block first: ancestors end up more recent
