@@ -139,3 +139,56 @@ def test_queue_vector_of_an_idle_pool_and_of_running_workers() -> None:
     t.release(a)
     assert not t.busy and t.queue_vector(9.0).tolist() == [0.0, 0.5]
     assert t.free_blocks.tolist() == [100, 99] and t.outstanding.tolist() == [0, 1]
+
+
+def _trie_state(m: CacheManager) -> tuple[object, ...]:
+    t = m.trie
+    n = t.size
+    ws = sorted((w.worker_id, w.n_valid, w.n_pending, w.n_present) for w in m.workers.by_id.values())
+    return (
+        t.holders[:n].tolist(), t.pending[:n].tolist(), t.present[:n].tolist(), t.rc[:, :n].tolist(),
+        t.active.rows().tolist(), t.active.stuck[:n].tolist(), sorted(t.free), t.pending_marks, ws,
+    )  # fmt: skip
+
+
+def test_single_row_drop_matches_the_array_drop_on_random_report_sequences(monkeypatch: object) -> None:
+    """REMOVED of a leaf takes marks.drop_one (scalars); the array path (marks.drop of a one-row list) must
+    leave every mask, replica count, counter, active flag and free row the same, step by step."""
+    import vertumnus.cache.marks as marks
+    import vertumnus.cache.reports as reports
+
+    rng = np.random.default_rng(7)
+    prompts = [tuple(range(1000 * p + 1, 1000 * p + 1 + int(rng.integers(3, 12)))) for p in range(6)]
+    steps: list[tuple[str, int, tuple[int, ...], int | None, list[int]]] = []
+    for _ in range(400):
+        kind = rng.choice(["stored", "removed", "pending", "present", "prune"], p=[0.4, 0.35, 0.1, 0.1, 0.05])
+        wid = int(rng.integers(1, 4))
+        p = prompts[int(rng.integers(len(prompts)))]
+        cut = int(rng.integers(1, len(p) + 1))
+        start = int(rng.integers(0, cut))
+        rows = sorted({int(x) for x in rng.integers(1, 60, 3)})
+        steps.append((str(kind), wid, p[start:cut], p[start - 1] if start else None, rows))
+
+    def run(fast: bool) -> list[tuple[object, ...]]:
+        m = _manager()
+        states = []
+        for kind, wid, keys, parent, rows in steps:
+            w = m.workers.by_id[wid]
+            if kind == "stored":
+                if parent is None or parent in m.trie.index:
+                    _report(m, wid, CacheReportKind.STORED, keys, parent)
+            elif kind == "removed":
+                _report(m, wid, CacheReportKind.REMOVED, keys)
+            elif kind == "prune":  # as the scan does with rows it can do nothing for: inactive and stuck
+                pruned = m.trie.active.rows()
+                m.trie.active.remove(pruned)
+                m.trie.active.stuck[pruned] = True
+            else:
+                live = [r for r in rows if m.trie.is_live(r)]
+                (marks.make_pending if kind == "pending" else marks.make_present)(m.trie, w, live)
+            states.append(_trie_state(m))
+        return states
+
+    fast = run(True)
+    monkeypatch.setattr(reports.marks, "drop_one", lambda trie, w, row: marks.drop(trie, w, [row]))  # type: ignore[attr-defined]
+    assert run(False) == fast

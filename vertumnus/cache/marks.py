@@ -146,6 +146,39 @@ def drop(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> None:
     _flag_parents(trie, w, r)
 
 
+def drop_one(trie: Trie, w: WorkerInfo, row: int) -> None:
+    """:func:`drop` of the single row ``row`` in scalar operations — the common REMOVED case (an evicted leaf:
+    >99% of the drops in a KV-pressured simulation), where :func:`drop`'s array operations on a one-element
+    array cost more than the work. Same effects, in the same order."""
+    word, bit = w.word, w.bit
+    if w.displaced:
+        w.displaced.pop(row, None)
+    if w.n_valid:
+        held = trie.hold_col[word]
+        if held[row] & bit:
+            held[row] &= ~bit
+            trie.rc_col[w.dix][row] -= 1
+            w.n_valid -= 1
+    if w.n_pending:
+        pend = trie.pend_col[word]
+        if pend[row] & bit:
+            pend[row] &= ~bit
+            w.n_pending -= 1
+            trie.pending_marks -= 1
+    if w.n_present:
+        pres = trie.pres_col[word]
+        if pres[row] & bit:
+            pres[row] &= ~bit
+            w.n_present -= 1
+    par = int(trie.parent[row])
+    if par != ROOT and trie.hold_col[word][par] & bit:  # flag_replicated of the one row, in scalars
+        trie.active.stuck[par] = False
+        rc = trie.rc_col
+        copies = rc[0][par] if len(rc) == 1 else trie.rc[:, par].sum()
+        if copies >= 2 and not trie.active.flag[par]:
+            trie.active.add(np.array([par], np.int64))
+
+
 def drop_pending(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> None:
     """Clear only the pending mark of ``w`` on ``rows`` (physical presence stays)."""
     r = _rows(rows)

@@ -75,7 +75,10 @@ def removed(trie: Trie, w: WorkerInfo, keys: Sequence[int]) -> None:
         if row is None or not any(m[row, w.word] & w.bit for m in masks):
             continue
         sub = marks.marked_subtree(trie, w, row, masks)
-        marks.drop(trie, w, sub)
+        if len(sub) == 1:
+            marks.drop_one(trie, w, row)
+        else:
+            marks.drop(trie, w, sub)
         touched.extend(sub)
     trie.try_free(touched)
 

@@ -273,10 +273,11 @@ class Trie:
         arr = arr[(arr != ROOT) & (self.depth[arr] > 0)]
         arr = arr[(self.first_child[arr] == NONE) & ~self.has_marks(arr)]
         freed = 0
+        cols = (*self.hold_col, *self.pend_col, *self.pres_col)  # scalar reads: rows here are one at a time
         for r in arr.tolist():
             row = r
             while row != ROOT and self.depth[row] > 0 and self.first_child[row] == NONE:
-                if self.holders[row].any() or self.pending[row].any() or self.present[row].any():
+                if any(c[row] for c in cols):
                     break
                 par = int(self.parent[row])
                 self._free_one(row)
