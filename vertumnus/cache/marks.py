@@ -146,6 +146,14 @@ def drop(trie: Trie, w: WorkerInfo, rows: Iterable[int] | np.ndarray) -> None:
     _flag_parents(trie, w, r)
 
 
+def _take_bit(col: np.ndarray, row: int, bit: np.uint64) -> bool:
+    """Clear ``bit`` in ``col[row]``; whether it was set."""
+    if col[row] & bit:
+        col[row] &= ~bit
+        return True
+    return False
+
+
 def drop_one(trie: Trie, w: WorkerInfo, row: int) -> None:
     """:func:`drop` of the single row ``row`` in scalar operations — the common REMOVED case (an evicted leaf:
     >99% of the drops in a KV-pressured simulation), where :func:`drop`'s array operations on a one-element
@@ -153,23 +161,14 @@ def drop_one(trie: Trie, w: WorkerInfo, row: int) -> None:
     word, bit = w.word, w.bit
     if w.displaced:
         w.displaced.pop(row, None)
-    if w.n_valid:
-        held = trie.hold_col[word]
-        if held[row] & bit:
-            held[row] &= ~bit
-            trie.rc_col[w.dix][row] -= 1
-            w.n_valid -= 1
-    if w.n_pending:
-        pend = trie.pend_col[word]
-        if pend[row] & bit:
-            pend[row] &= ~bit
-            w.n_pending -= 1
-            trie.pending_marks -= 1
-    if w.n_present:
-        pres = trie.pres_col[word]
-        if pres[row] & bit:
-            pres[row] &= ~bit
-            w.n_present -= 1
+    if w.n_valid and _take_bit(trie.hold_col[word], row, bit):
+        trie.rc_col[w.dix][row] -= 1
+        w.n_valid -= 1
+    if w.n_pending and _take_bit(trie.pend_col[word], row, bit):
+        w.n_pending -= 1
+        trie.pending_marks -= 1
+    if w.n_present and _take_bit(trie.pres_col[word], row, bit):
+        w.n_present -= 1
     par = int(trie.parent[row])
     if par != ROOT and trie.hold_col[word][par] & bit:  # flag_replicated of the one row, in scalars
         trie.active.stuck[par] = False
