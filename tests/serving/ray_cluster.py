@@ -9,8 +9,8 @@ the others run on. Shared by the tests that need Ray outside the server process 
   lost node is noticed in ~6 s instead of Ray's default ~30 s (GCS settings, not a test-side wait). A node the
   GCS declared dead on its own (a raylet starved past that under heavy load exits) is started again by
   :meth:`RayCluster.ensure_alive`, as an operator (KubeRay) restarts a dead pod; a head whose ``ray start`` gives
-  up during startup (Ray's fixed 30-s registration deadline, passed on a loaded machine) likewise
-  (:func:`start_head`, shared with the ``serve run`` test).
+  up during startup (Ray's registration deadline, 30 s unless ``REGISTER_ENV`` extends it, passed on a loaded
+  machine) likewise (:func:`start_head`, shared with the ``serve run`` test).
 - Nodes are told apart by a custom resource naming them (``vt_ray_node_<name>``) and, for the nodes meant to host a
   pool node, the pool's anti-affinity resource (``serving.ray_node_resource``).
 - Teardown: every node's group is stopped (SIGINT, then SIGKILL), and any process still mentioning the cluster's
@@ -50,6 +50,11 @@ HEALTH_ENV = {
 # every node: Ray workers at nice 0 (Ray's default 15 lets any nice-0 process starve the rank actors), as
 # docs/serving.md tells operators to start their nodes
 NODE_ENV = {"RAY_worker_niceness": "0"}
+# every `ray start`: how long its registration check waits for the node to appear in the GCS. Ray polls once per
+# call for raylet_start_wait_time_s (default 10 s) inside a hard-coded 30-s loop (ray/_private/node.py); on the
+# 2-core machine beside two CPU-bound simulations a restarted worker node took longer, three times in a row. A
+# longer poll moves that deadline (it is a failure bound: a quiet start registers in ~5 s).
+REGISTER_ENV = {"RAY_raylet_start_wait_time_s": "120"}
 
 
 def free_port() -> int:
@@ -141,10 +146,10 @@ def start_head(
     cmd: Callable[[int], list[str]], log: Path, temp_dir: str, env: dict[str, str], cwd: Path
 ) -> tuple[subprocess.Popen[bytes], int, list[str]]:
     """``ray start --head --block`` (``cmd(port)``: the command for a GCS port) until it prints "Ray runtime
-    started"; the process, its GCS port and the command that ran. Ray gives the head's raylet a fixed 30 s to
-    register with the GCS; on a loaded 2-core machine that can pass, and ``ray start`` exits ("timed out during
-    startup"). The attempt's leftovers are then killed and the head started again on a fresh port, as an operator
-    restarts a head pod, up to HEAD_ATTEMPTS times."""
+    started"; the process, its GCS port and the command that ran. Ray gives the head's raylet 30 s to register
+    with the GCS (longer with ``REGISTER_ENV`` in ``env``); on a loaded 2-core machine that can pass, and
+    ``ray start`` exits ("timed out during startup"). The attempt's leftovers are then killed and the head
+    started again on a fresh port, as an operator restarts a head pod, up to HEAD_ATTEMPTS times."""
     for attempt in range(1, HEAD_ATTEMPTS + 1):
         port = free_port()
         argv = cmd(port)
@@ -207,7 +212,7 @@ class RayCluster:
         self.temp_dir = tempfile.mkdtemp(prefix="vt-mn-")
         self.root = root
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": self.temp_dir}
-        self.env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), **NODE_ENV})
+        self.env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), **NODE_ENV, **REGISTER_ENV})
         for k in ("RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
             self.env.pop(k, None)
         self.nodes: dict[str, RayNode] = {}

@@ -28,6 +28,7 @@ import pytest
 import yaml
 from ray_cluster import (
     NODE_ENV,
+    REGISTER_ENV,
     STOP_TIMEOUT_S,
     alive,
     default_sigint,
@@ -127,7 +128,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeRun]:
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     # NODE_ENV: the RayService's container env (deploy/rayservice.yaml): Ray's workers at the server's priority,
     # not nice 15 — on a loaded machine a nice-15 replica and its rank actors starve past START_TIMEOUT_S
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": temp_dir, **auth, **NODE_ENV}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": temp_dir, **auth, **NODE_ENV, **REGISTER_ENV}
     env.pop("RAY_AUTH_TOKEN_PATH", None)
     env.pop("RAY_ADDRESS", None)
     popen: dict[str, Any] = {"cwd": tmp, "env": env, "stderr": subprocess.STDOUT, "start_new_session": True}
