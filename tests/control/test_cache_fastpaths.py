@@ -152,10 +152,10 @@ def _trie_state(m: CacheManager) -> tuple[object, ...]:
 
 
 def test_single_row_drop_matches_the_array_drop_on_random_report_sequences(monkeypatch: object) -> None:
-    """REMOVED of a leaf takes marks.drop_one (scalars); the array path (marks.drop of a one-row list) must
-    leave every mask, replica count, counter, active flag and free row the same, step by step."""
+    """A one-row drop (REMOVED of a leaf) takes marks._drop_one (scalars); the array path (marks._drop_rows of a
+    one-row array) must leave every mask, replica count, counter, active flag and free row the same, step by
+    step."""
     import vertumnus.cache.marks as marks
-    import vertumnus.cache.reports as reports
 
     rng = np.random.default_rng(7)
     prompts = [tuple(range(1000 * p + 1, 1000 * p + 1 + int(rng.integers(3, 12)))) for p in range(6)]
@@ -190,5 +190,6 @@ def test_single_row_drop_matches_the_array_drop_on_random_report_sequences(monke
         return states
 
     fast = run(True)
-    monkeypatch.setattr(reports.marks, "drop_one", lambda trie, w, row: marks.drop(trie, w, [row]))  # type: ignore[attr-defined]
+    array_path = marks._drop_rows
+    monkeypatch.setattr(marks, "_drop_one", lambda trie, w, row: array_path(trie, w, np.array([row], np.int64)))  # type: ignore[attr-defined]
     assert run(False) == fast

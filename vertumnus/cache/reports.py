@@ -75,10 +75,7 @@ def removed(trie: Trie, w: WorkerInfo, keys: Sequence[int]) -> None:
         if row is None or not any(m[row, w.word] & w.bit for m in masks):
             continue
         sub = marks.marked_subtree(trie, w, row, masks)
-        if len(sub) == 1:
-            marks.drop_one(trie, w, row)
-        else:
-            marks.drop(trie, w, sub)
+        marks.drop(trie, w, sub)
         touched.extend(sub)
     trie.try_free(touched)
 
