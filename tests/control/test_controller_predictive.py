@@ -25,6 +25,9 @@ COST = CostModel.from_file(REPO_ROOT / DEFAULT_PROFILE)
 
 
 def cfg(nodes: int, **controller: Any) -> Any:
+    """A predictive pool of ``nodes`` 8-GPU nodes; split checks every check_interval_s from the start (no
+    start-up checks unless a test asks for them)."""
+    controller = {"startup_check_interval_s": None, **controller}
     return config_from_dict(
         {
             "pool": {"nodes": nodes, "gpus_per_node": 8, "degrees": [4, 8], "engine": "sim",
@@ -117,17 +120,35 @@ def test_a_log_younger_than_the_span_repeats_what_it_saw_instead_of_forecasting_
 
 
 # -- decisions on the real pool (sim data plane) ------------------------------------------------------------
-@pytest.mark.parametrize(("check_s", "at"), [(1.0, 1.0), (None, 5.0)])
-def test_overload_after_a_merge_splits_at_the_first_check(check_s: float | None, at: float) -> None:
+@pytest.mark.parametrize(("check_s", "startup_s", "at"), [(1.0, None, 1.0), (None, None, 5.0), (1.0, 0.1, 0.1)])
+def test_overload_after_a_merge_splits_at_the_first_check(
+    check_s: float | None, startup_s: float | None, at: float
+) -> None:
     # 1 node as 1xCP8; 4K-token requests at 12 req/s ≈ 1.5 s of CP8 work per second: the queue grows from
-    # the start. The first split check (1 s; without checks: the first window end, 5 s) splits worker 0 into
-    # 2xCP4 (workers 1, 2), and nothing merges back while the load lasts.
-    c = cfg(1, check_interval_s=check_s)
+    # the start. The first split check (1 s; without checks: the first window end, 5 s; with start-up checks
+    # every 0.1 s: at 0.1 s, where the second request, in at 0.083 s, waits) splits worker 0 into 2xCP4
+    # (workers 1, 2), and nothing merges back while the load lasts.
+    c = cfg(1, check_interval_s=check_s, startup_check_interval_s=startup_s)
     times = [k / 12 for k in range(12 * 20)]
     res = run(c, requests(c, times, 4096), "1xCP8")
     assert [(r.kind, r.sources, r.targets) for r in res.reconfigs] == [("split", (0,), (1, 2))]
     assert began(res.reconfigs[0]) == pytest.approx(at)
     assert res.summary["completed"] == len(times) and res.summary["rejected"] == 0
+
+
+@pytest.mark.parametrize(("span_s", "lo", "hi"), [(20.0, 6.2, 7.05), (5.0, 7.0, 7.2)])
+def test_start_up_checks_last_their_span_from_the_first_arrival(span_s: float, lo: float, hi: float) -> None:
+    # 1 node as 1xCP8; a 4K-token request every 0.5 s from 0 (0.13 s each: nothing waits, no decision on so few
+    # arrivals), then from 6.2 s 24 req/s (~3 s of CP8 work per second). Start-up checks every 0.1 s for span_s
+    # after the first arrival (0 s), the 1-s checks after it (their grid continues from the last start-up
+    # check, ~5.1 s). Within a 20-s start-up the split begins at a 0.1-s check once the replay says it wins
+    # (6.9 s), before the 1-s grid's next check; within a 5-s one at that check, ~7.1 s.
+    c = cfg(1, check_interval_s=1.0, startup_check_interval_s=0.1, startup_span_s=span_s)
+    times = [0.5 * k for k in range(13)] + [6.2 + k / 24 for k in range(24 * 10)]
+    res = run(c, requests(c, times, 4096), "1xCP8")
+    assert [(r.kind, r.sources, r.targets) for r in res.reconfigs] == [("split", (0,), (1, 2))]
+    assert lo < began(res.reconfigs[0]) < hi
+    assert res.summary["completed"] == len(times)
 
 
 def test_light_long_load_after_a_split_merges_only_after_two_windows() -> None:
