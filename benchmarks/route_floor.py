@@ -5,8 +5,9 @@ controller that starts elsewhere must reconfigure to get there: the sources drai
 ``controller.switch_s``, and the moved workers' caches are re-tiled. This benchmark measures that toll with a
 clairvoyant, scripted route — no forecast, no decision: the pool starts on the workload's start composition with
 the controller off, and at ``--at`` seconds begins every operation that turns the start composition into the
-best fixed one (all of them at once, on disjoint workers, through the epoch protocol as the controller would),
-then stays there. Its whole-run mean TTFT over the best fixed composition's is the ratio that *moving* alone
+best fixed one (all of them at once, on disjoint workers, through the epoch protocol as the controller would:
+:class:`vertumnus.sim.prescient.PrescientSteer`, whose run at 0 s is ``make results``' *prescient start*), then
+stays there. Its whole-run mean TTFT over the best fixed composition's is the ratio that *moving* alone
 costs; where it is above 1.00 no controller that has to move can meet the issue's ≤ 1.00× on that workload
 without beating the best fixed composition after the move.
 
@@ -26,34 +27,9 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from vertumnus.config import parse_composition
-from vertumnus.controller.lattice import Lattice, LatticeOp
 from vertumnus.sim.evaluate import _context, _workload, by_workload, fixed_tasks, merge_replicates, plan, run_tasks
-from vertumnus.sim.events import EventKind
+from vertumnus.sim.prescient import PrescientSteer
 from vertumnus.sim.runner import Simulation
-from vertumnus.types import ReconfigKind
-
-
-def route_ops(lattice: Lattice, target: dict[int, int]) -> list[LatticeOp]:
-    """Disjoint operations that take the lattice's composition to ``target`` (two degrees, one step apart:
-    splits of the larger or merges of the smaller, as many as the difference needs)."""
-    if len(lattice.degrees) != 2:
-        raise ValueError(f"route_ops handles two degrees, the pool has {list(lattice.degrees)}")
-    small, large = sorted(lattice.degrees)
-    extra_large = target.get(large, 0) - lattice.composition().get(large, 0)
-    kind = ReconfigKind.MERGE if extra_large > 0 else ReconfigKind.SPLIT
-    used: set[int] = set()
-    out: list[LatticeOp] = []
-    for op in lattice.ops(kind):
-        if len(out) == abs(extra_large):
-            break
-        if op.sources[0].degree != (small if kind == ReconfigKind.MERGE else large):
-            continue
-        ids = {s.worker_id for s in op.sources}
-        if ids & used:
-            continue
-        used |= ids
-        out.append(op)
-    return out
 
 
 def run_route(set_path: str, config: str, workload: str, replicate: int, target: str, at: float) -> float:
@@ -61,24 +37,11 @@ def run_route(set_path: str, config: str, workload: str, replicate: int, target:
     es, cfg, cost = _context(set_path, config)
     start = es.start_of(es.workload(workload))
     gen = _workload(set_path, config, workload, replicate)
-    sim = Simulation(gen.requests, cfg, cost, "vertumnus-static", start)
-    ctl = sim.pool.controller
     goal = parse_composition(target)
-
-    def move() -> None:
-        for i, op in enumerate(route_ops(ctl.lattice, goal)):
-            if i:  # later plans get fresh target ids (the first plan reserved its own), as the controller does
-                src = op.sources[0].worker_id
-                again = ctl.lattice.split_of(src) if op.kind == ReconfigKind.SPLIT else ctl.lattice.merge_of(src)
-                assert again is not None
-                op = again
-            drain = max(sim.pool.scheduler.queue_s(s.worker_id, sim.loop.now) for s in op.sources)
-            ctl.epochs.begin(ctl.epochs.next_plan(op, drain), sim.loop.now)
-
-    if parse_composition(start) != goal:
-        sim.loop.push(at, EventKind.ENGINE, move)
+    steer = PrescientSteer(goal, at_s=at)
+    sim = Simulation(gen.requests, cfg, cost, "vertumnus-static", start, steer=steer)
     res = sim.run()
-    assert ctl.lattice.composition() == goal, f"route ended on {ctl.lattice.composition()}, not {goal}"
+    assert sim.pool.lattice.composition() == goal, f"route ended on {sim.pool.lattice.composition()}, not {goal}"
     assert res.summary["completed"] == len(gen.requests), "a request was lost on the route"
     return float(res.summary["mean_ttft_s"])
 

@@ -13,12 +13,14 @@ import pytest
 import yaml
 
 from vertumnus.cli.main import main
+from vertumnus.config import parse_composition
 from vertumnus.sim.eval_report import markdown_phases, markdown_summary, workload_heading
 from vertumnus.sim.eval_set import load_eval_set
 from vertumnus.sim.evaluate import STATIC, EvalResult, RunDigest, all_compositions, derive, evaluate, mean_digest
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.phase_stats import phase_summaries
-from vertumnus.sim.runner import run_policy
+from vertumnus.sim.prescient import PrescientSteer
+from vertumnus.sim.runner import Simulation, run_policy
 from vertumnus.sim.sensitivity import parse_sweep
 
 EXCERPT = Path(__file__).resolve().parents[1] / "data" / "conversation_excerpt.jsonl"
@@ -72,12 +74,16 @@ def _tiny_set(tmp_path: Path, **workload: object) -> Path:
 def test_runner_on_a_tiny_workload_derives_everything_from_its_runs(tmp_path: Path) -> None:
     set_path = str(_tiny_set(tmp_path))
     calls: list[str] = []
-    res = evaluate(set_path, CONFIG, progress=lambda d, t, task: calls.append(f"{task.policy} {task.composition}"))
+    res = evaluate(set_path, CONFIG, progress=lambda d, t, task: calls.append(
+        f"{task.policy} {task.composition}" + (f" -> {task.target}" if task.target else "")))  # fmt: skip
     cfg = load_sim_config(CONFIG)
     comps = all_compositions(cfg)
     assert comps == ["10xCP4", "8xCP4+1xCP8", "6xCP4+2xCP8", "4xCP4+3xCP8", "2xCP4+4xCP8", "5xCP8"]
-    assert calls == ["vertumnus 6xCP4+2xCP8"] + [f"{STATIC} {c}" for c in comps]
     (w,) = res.workloads
+    best = min(comps, key=lambda c: (w.fixed[c].mean, c))
+    assert best != "6xCP4+2xCP8"  # the workload is chosen so that the prescient start has a move to make
+    # the prescient start runs after the fixed compositions: they name its target
+    assert calls == ["vertumnus 6xCP4+2xCP8"] + [f"{STATIC} {c}" for c in comps] + [f"{STATIC} 6xCP4+2xCP8 -> {best}"]
     assert set(w.fixed) == set(comps) and w.start == "6xCP4+2xCP8"
     # The digests are the runs themselves: rerun the start composition and the policy directly.
     gen = load_eval_set(set_path).generate("tiny", cfg, load_cost(cfg))
@@ -108,6 +114,13 @@ def test_runner_on_a_tiny_workload_derives_everything_from_its_runs(tmp_path: Pa
     )
     assert v.flags["lost==0"] == (w.policy.lost == 0)
     assert v.flags["p90<=best"] == (w.policy.p90 <= w.fixed[best].p90)
+    # the prescient start: the start composition steered to the best one from t = 0, then held
+    steer = PrescientSteer(parse_composition(best))
+    pre = Simulation(gen.requests, cfg, cost, STATIC, "6xCP4+2xCP8", steer=steer).run()
+    assert steer.done and steer.began >= 1 and pre.summary["final_composition"] == best
+    assert max(r.time_s for r in pre.reconfigs) < 2.0 and pre.summary["reconfigurations"] == steer.began
+    assert v.prescient_mean == pre.summary["mean_ttft_s"]
+    assert v.prescient_ratio == pre.summary["mean_ttft_s"] / w.fixed[best].mean
     assert res.geomean("ratio_best") == pytest.approx(v.ratio_best)
     js = res.to_json()
     assert js["workloads"][0]["verdict"]["best_fixed"] == best and js["passed"] == int(v.passed)
@@ -267,9 +280,13 @@ def test_replicates_run_every_composition_on_the_same_streams_and_report_means(c
                                                                                     task.replicate)))  # fmt: skip
     cfg = load_sim_config(CONFIG)
     comps = all_compositions(cfg)
-    # every run on both streams, the policy and every fixed composition alike
-    assert sorted(calls) == sorted([(p, c, k) for k in (0, 1) for p, c in [("vertumnus", "6xCP4+2xCP8"),
-                                    *((STATIC, c) for c in comps)]])  # fmt: skip
+    # every run on both streams, the policy and every fixed composition alike; the prescient start (if the start
+    # is not the best fixed composition) on both streams as well
+    extra = list(calls)
+    runs = [("vertumnus", "6xCP4+2xCP8"), *((STATIC, c) for c in comps)]
+    for run in [(pol, c, k) for k in (0, 1) for pol, c in runs]:
+        extra.remove(run)
+    assert sorted(extra) in ([], [(STATIC, "6xCP4+2xCP8", 0), (STATIC, "6xCP4+2xCP8", 1)])
     assert res.replicates == 2 and "mean over 2 request streams" in markdown_summary(res)
     (w,) = res.workloads
     es, cost = load_eval_set(str(set_path)), load_cost(cfg)

@@ -9,6 +9,10 @@ routing and cache manager). From those per-run numbers (:func:`derive`):
   that phase; its whole-run figure is the request-weighted mean of those per-phase means (an idealised bound:
   it switches for free and every phase starts from that composition's own history);
 - ratios of the policy's mean TTFT to the best fixed, to its own start composition held fixed, to the oracle;
+- the prescient start (:mod:`vertumnus.sim.prescient`): the start composition moved at t = 0 to the best fixed
+  one with the pool's own operations, then held — a reference, not a criterion: its ratio to the best fixed is the
+  start-up cost no controller that only converges to the best fixed composition avoids (its runs follow the fixed
+  ones, which name the target; a workload that starts on its best fixed composition needs none);
 - the issue's "done when" flags: mean ≤ 1.00× best fixed, ≤ 1.02× start held fixed, P90 ≤ best fixed's P90,
   token-weighted SLO attainment ≥ best fixed's, zero lost requests (rejected + failed + unfinished).
 
@@ -27,13 +31,14 @@ from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from vertumnus.config import VertumnusConfig, format_composition
+from vertumnus.config import VertumnusConfig, format_composition, parse_composition
 from vertumnus.controller.lattice import Lattice
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.sim.eval_set import EvalSet, load_eval_set
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.phase_stats import phase_summaries
 from vertumnus.sim.policies import check_policy, normalise_composition
+from vertumnus.sim.prescient import PrescientSteer
 from vertumnus.sim.protocol import Generated, mean_of_runs
 from vertumnus.sim.runner import run_policy
 
@@ -136,6 +141,8 @@ class Verdict:
     ratio_oracle: float
     phases: list[PhaseOracle]
     flags: dict[str, bool]
+    prescient_mean: float = math.nan  # the prescient start's mean TTFT (nan: not run)
+    prescient_ratio: float = math.nan  # ... ÷ the best fixed composition's
 
     @property
     def passed(self) -> bool:
@@ -148,13 +155,23 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.inf
 
 
+def best_fixed(fixed: Mapping[str, RunDigest]) -> str:
+    """The fixed composition with the lowest whole-run mean TTFT (ties: name)."""
+    return min(fixed, key=lambda n: (fixed[n].mean, n))
+
+
 def derive(
-    policy: RunDigest, fixed: Mapping[str, RunDigest], start: str, labels: Sequence[str] | None = None
+    policy: RunDigest,
+    fixed: Mapping[str, RunDigest],
+    start: str,
+    labels: Sequence[str] | None = None,
+    prescient: RunDigest | None = None,
 ) -> Verdict:
-    """Best fixed, per-phase oracle, ratios and done-when flags from the per-run numbers alone."""
+    """Best fixed, per-phase oracle, ratios and done-when flags from the per-run numbers alone; ``prescient``:
+    the prescient start's run (None: not run, or — when the start is the best fixed composition — that run)."""
     if start not in fixed:
         raise ValueError(f"start composition {start} has no fixed run (have {sorted(fixed)})")
-    best_name = min(fixed, key=lambda n: (fixed[n].mean, n))
+    best_name = best_fixed(fixed)
     best = fixed[best_name]
     phases: list[PhaseOracle] = []
     total_n, weighted = 0, 0.0
@@ -176,8 +193,12 @@ def derive(
         "slo>=best": policy.slo >= best.slo,
         "lost==0": policy.lost == 0,
     }
+    if prescient is None and start == best_name:
+        prescient = best  # already there: nothing to move
+    pre = prescient.mean if prescient is not None else math.nan
     return Verdict(best_name, best.mean, start, start_mean, oracle, _ratio(policy.mean, best.mean),
-                   _ratio(policy.mean, start_mean), _ratio(policy.mean, oracle), phases, flags)  # fmt: skip
+                   _ratio(policy.mean, start_mean), _ratio(policy.mean, oracle), phases, flags, pre,
+                   _ratio(pre, best.mean) if prescient is not None else math.nan)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -287,6 +308,7 @@ class Task:
     composition: str
     overrides: Overrides = ()
     replicate: int = 0  # request stream (eval_set module docstring)
+    target: str = ""  # a prescient start from ``composition`` to this composition ("": none)
 
 
 @lru_cache(maxsize=4)
@@ -308,7 +330,8 @@ def run_task(task: Task) -> RunDigest:
     _, cfg, cost = _context(task.set_path, task.config)
     gen = _workload(task.set_path, task.config, task.workload, task.replicate)
     run_cfg = apply_overrides(cfg, task.overrides)
-    result = run_policy(gen.requests, run_cfg, cost, task.policy, task.composition)
+    steer = PrescientSteer(parse_composition(task.target)) if task.target else None
+    result = run_policy(gen.requests, run_cfg, cost, task.policy, task.composition, steer=steer)
     summary = {k: result.summary.get(k) for k in SUMMARY_KEYS}
     phases = [{k: s.get(k) for k in PHASE_KEYS} for s in phase_summaries(result.arrays, gen.bounds)]
     return RunDigest(task.policy, task.composition, summary, phases)
@@ -387,6 +410,31 @@ def policy_tasks(p: Plan, set_path: str, config: str, policy: str, overrides: Ov
     return [Task(set_path, config, n, policy, p.starts[n], overrides, k) for n in p.workloads for k in reps]
 
 
+def prescient_tasks(p: Plan, set_path: str, config: str, fixed: Mapping[tuple[str, str], RunDigest]) -> list[Task]:
+    """The prescient start of every workload whose start is not its best fixed composition, every replicate
+    (``fixed``: the merged fixed runs, keyed by (workload, composition))."""
+    out = []
+    for n in p.workloads:
+        best = best_fixed({c: fixed[(n, c)] for c in p.compositions})
+        if best != p.starts[n]:
+            out += [Task(set_path, config, n, STATIC, p.starts[n], (), k, best) for k in range(p.replicates)]
+    return out
+
+
+def run_prescient(
+    p: Plan,
+    set_path: str,
+    config: str,
+    fixed: Mapping[tuple[str, str], RunDigest],
+    jobs: int = 1,
+    progress: Callable[[int, int, Task], None] | None = None,
+) -> dict[str, RunDigest]:
+    """Run :func:`prescient_tasks` (after the fixed runs, which name each target); merged digests by workload."""
+    tasks = by_workload(prescient_tasks(p, set_path, config, fixed), p.workloads)
+    merged = merge_replicates(dict(zip(tasks, run_tasks(tasks, jobs, progress), strict=True)))
+    return {t.workload: d for t, d in merged.items()}
+
+
 def merge_replicates(digests: Mapping[Task, RunDigest]) -> dict[Task, RunDigest]:
     """Fold the replicate runs of each task into one :func:`mean_digest`, keyed by the task with replicate 0."""
     groups: dict[Task, list[tuple[int, RunDigest]]] = {}
@@ -408,8 +456,10 @@ def assemble(
     policy_runs: Mapping[str, RunDigest],
     fixed_runs: Mapping[tuple[str, str], RunDigest],
     overrides: Overrides = (),
+    prescient_runs: Mapping[str, RunDigest] | None = None,
 ) -> EvalResult:
-    """Verdicts from finished runs (``fixed_runs`` keyed by (workload, composition))."""
+    """Verdicts from finished runs (``fixed_runs`` keyed by (workload, composition); ``prescient_runs`` by
+    workload, None: no prescient starts run)."""
     res = EvalResult(p.eval_set.name, p.eval_set.source, config, p.cost.profile.source, policy, overrides,
                      replicates=p.replicates)  # fmt: skip
     for n in p.workloads:
@@ -421,7 +471,8 @@ def assemble(
             for ph, (lo, hi), (r0, r1) in zip(gen.phases, gen.bounds, gen.rates, strict=True)
         ]  # fmt: skip
         fixed = {c: fixed_runs[(n, c)] for c in p.compositions}
-        verdict = derive(policy_runs[n], fixed, p.starts[n], [ph.label for ph in gen.phases])
+        pre = prescient_runs.get(n) if prescient_runs is not None else None
+        verdict = derive(policy_runs[n], fixed, p.starts[n], [ph.label for ph in gen.phases], pre)
         res.workloads.append(WorkloadResult(n, spec.pattern, p.starts[n], len(gen.requests), gen.duration_s, layout,
                                             policy_runs[n], fixed, verdict))  # fmt: skip
     return res
@@ -446,4 +497,5 @@ def evaluate(
     merged = merge_replicates(dict(zip(tasks, run_tasks(tasks, jobs, progress), strict=True)))
     pol = {t.workload: merged[t] for t in pt if t.replicate == 0}
     fixed = {(t.workload, t.composition): merged[t] for t in ft if t.replicate == 0}
-    return assemble(p, config, policy, pol, fixed)
+    pre = run_prescient(p, set_path, config, fixed, jobs, progress)
+    return assemble(p, config, policy, pol, fixed, prescient_runs=pre)

@@ -30,6 +30,7 @@ from vertumnus.sim.events import EventKind, EventLoop
 from vertumnus.sim.lower_bound import lower_bound
 from vertumnus.sim.metrics import Collector, ReconfigRecord, summarize
 from vertumnus.sim.policies import LOWER_BOUND, configure
+from vertumnus.sim.prescient import PrescientSteer
 from vertumnus.types import Request
 
 
@@ -71,9 +72,12 @@ class Simulation:
         composition: str | None = None,
         drain_limit_s: float = 3600.0,
         decision_delay_s: float | None = None,
+        steer: PrescientSteer | None = None,
     ) -> None:
         """``decision_delay_s``: the predictive controller's decisions are computed off the pool (as in the
-        server) and acted on this many virtual seconds after their snapshot; None: at once, inline."""
+        server) and acted on this many virtual seconds after their snapshot; None: at once, inline. ``steer``: a
+        :class:`~vertumnus.sim.prescient.PrescientSteer` called after every event until it is done (the
+        evaluation's prescient-start reference)."""
         self.requests = sorted(requests, key=lambda r: r.arrival_s)  # stable: equal times keep input order
         self.policy = policy
         self.cfg, router = configure(policy, cfg, composition)
@@ -88,6 +92,7 @@ class Simulation:
         self.collector.expect(self.requests)
         self.pool.add_listener(self.collector)
         self.decision_delay_s = decision_delay_s
+        self.steer = steer
         if decision_delay_s is not None:
             if decision_delay_s < 0:
                 raise ValueError(f"decision_delay_s must be ≥ 0, got {decision_delay_s}")
@@ -189,7 +194,14 @@ class Simulation:
         self._push_arrival()
         loop, col = self.loop, self.collector
         total = len(self.requests)
+        steer = self.steer
+        if steer is not None:
+            if steer.at_s > 0:  # the steer runs at at_s, arrival or not
+                loop.push(steer.at_s, EventKind.ENGINE, lambda: None)
+            steer(self.pool, loop.now)
         while loop.step():
+            if steer is not None and not steer.done:
+                steer(self.pool, loop.now)
             self._arm_timer()
             if col.remaining == 0 and self._next >= total:
                 break
@@ -269,9 +281,11 @@ def run_policy(
     policy: str,
     composition: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    steer: PrescientSteer | None = None,
 ) -> RunResult:
-    """Run ``policy`` (any name of :data:`~vertumnus.sim.policies.POLICIES`) on ``requests``."""
+    """Run ``policy`` (any name of :data:`~vertumnus.sim.policies.POLICIES`) on ``requests`` (``steer``: see
+    :class:`Simulation`)."""
     if policy == LOWER_BOUND:
         configure(policy, cfg, composition)
         return run_lower_bound(requests, cfg, cost)
-    return Simulation(requests, cfg, cost, policy, composition).run(progress)
+    return Simulation(requests, cfg, cost, policy, composition, steer=steer).run(progress)

@@ -26,6 +26,7 @@ from vertumnus.sim.evaluate import (
     merge_replicates,
     plan,
     policy_tasks,
+    run_prescient,
     run_tasks,
 )
 
@@ -170,7 +171,8 @@ def sweep(
             pol.setdefault(t.overrides, {})[t.workload] = d
         else:
             fixed.setdefault(t.overrides, {})[(t.workload, t.composition)] = d
-    base = assemble(p, config, policy, pol[()], fixed[()])
+    pre = run_prescient(p, set_path, config, fixed[()], jobs, progress)
+    base = assemble(p, config, policy, pol[()], fixed[()], prescient_runs=pre)
     out = SweepResult(base)
     for key in grid:
         for v in sorted({*grid[key], base_values[key]}):
