@@ -43,14 +43,17 @@ def _fates(r: RunResult) -> list[tuple[object, ...]]:
 
 
 @pytest.mark.parametrize(
-    ("policy", "composition", "controller", "cache"),
+    ("policy", "composition", "controller", "cache", "startup_span_s"),
     [
-        ("vertumnus", None, "rules", "queue_aware"),
-        ("vertumnus", None, "rules", "rules"),  # the paper's scan (the cache default before queue_aware)
-        ("vertumnus", "6xCP4+2xCP8", "rules", "queue_aware"),  # merges during the gap
-        ("vertumnus", "6xCP4+2xCP8", "predictive", "queue_aware"),
-        ("vertumnus-norepl", "10xCP4", "rules", "queue_aware"),
-        ("least-work", "10xCP4", "rules", "queue_aware"),  # controller off: only cache scans to jump
+        ("vertumnus", None, "rules", "queue_aware", None),
+        ("vertumnus", None, "rules", "rules", None),  # the paper's scan (the cache default before queue_aware)
+        ("vertumnus", "6xCP4+2xCP8", "rules", "queue_aware", None),  # merges during the gap
+        ("vertumnus", "6xCP4+2xCP8", "predictive", "queue_aware", None),
+        # start-up split checks (every 0.3 s: a grid off the 1-s one) that last through the first gap and end
+        # inside the second (at 5000 s; the gaps run ~54-3054 s and ~3087-6087 s after the first arrival)
+        ("vertumnus", "6xCP4+2xCP8", "predictive", "queue_aware", 5000.0),
+        ("vertumnus-norepl", "10xCP4", "rules", "queue_aware", None),
+        ("least-work", "10xCP4", "rules", "queue_aware", None),  # controller off: only cache scans to jump
     ],
 )
 def test_jumping_an_idle_gap_gives_the_walks_results(
@@ -60,11 +63,15 @@ def test_jumping_an_idle_gap_gives_the_walks_results(
     composition: str | None,
     controller: str,
     cache: str,
+    startup_span_s: float | None,
 ) -> None:
     trace = gap_trace(tmp_path / "gap.jsonl", 3.0e6, tail_every=250)  # two 3000-s gaps: 600 windows each
     cfg = load_sim_config(None)
     cfg.controller.policy = controller  # type: ignore[assignment]
     cfg.cache.policy = cache  # type: ignore[assignment]
+    if startup_span_s is not None:
+        cfg.controller.startup_span_s = startup_span_s
+        cfg.controller.startup_check_interval_s = 0.3
     cost = load_cost(cfg)
     wl = load_workload_requests(cfg, str(trace))
     jumped = Simulation(wl.requests, cfg, cost, policy, composition)
@@ -81,6 +88,10 @@ def test_jumping_an_idle_gap_gives_the_walks_results(
     ]
     for key in ("replications", "reclamations", "completed", "mean_ttft_s", "final_composition"):
         assert r_jump.summary[key] == r_walk.summary[key], key
+    # the timers' grids are the walk's too (up to float rounding: the jump multiplies what the walk adds)
+    cj, cw = jumped.pool.controller, walked.pool.controller
+    assert cj.next_window_end == pytest.approx(cw.next_window_end, abs=1e-6)
+    assert cj.next_check == pytest.approx(cw.next_check, abs=1e-6)
 
 
 def _requests_csv(out: Path) -> dict[str, dict[str, str]]:

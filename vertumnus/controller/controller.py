@@ -157,8 +157,12 @@ class Controller:
         self.next_window_end += skipped * self.window_s
         self.account.index += skipped
         if self.check_interval_s is not None:
-            # constant over the gap: before the first arrival the start-up step, after its span the normal one
-            # (an idle gap is skipped only a forecast span after the last arrival, beyond the start-up span)
+            # the walk's grid: start-up steps up to the first instant at or past the start-up span's end (within
+            # the gap, if the span ends there), normal steps after it; before any arrival only start-up steps
+            origin = self.log.origin
+            if self.startup_check_s is not None and origin is not None:
+                edge = min(until, origin + self.startup_span_s)
+                self.next_check += _grid_steps(self.next_check, self.startup_check_s, edge) * self.startup_check_s
             step = self._check_step(self.next_check)
             self.next_check += _grid_steps(self.next_check, step, until) * step
         return skipped
