@@ -26,7 +26,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from vertumnus.ports import free_port
 
 START_TIMEOUT_S = 420.0  # bound of a wait for a node to register (a failure bound; ~5-20 s on a quiet machine)
 STOP_TIMEOUT_S = 120.0
@@ -55,12 +56,6 @@ NODE_ENV = {"RAY_worker_niceness": "0"}
 # 2-core machine beside two CPU-bound simulations a restarted worker node took longer, three times in a row. A
 # longer poll moves that deadline (it is a failure bound: a quiet start registers in ~5 s).
 REGISTER_ENV = {"RAY_raylet_start_wait_time_s": "120"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tool(name: str) -> str:

@@ -103,6 +103,19 @@ class Env:
                 return w.group
         return None
 
+    def await_ack(self, worker_id: int, since: int, what: str) -> None:
+        """Wait for ``worker_id``'s engine to ack the current epoch; its start-up failure fails the test at once,
+        with its reason (instead of waiting out the bound)."""
+        acked = ("ack", worker_id, 0, self.epoch)
+
+        def settled() -> bool:
+            tail = self.ev.log[since:]
+            return acked in tail or any(e[:2] == ("failed", worker_id) for e in tail)
+
+        self.loop.wait(settled, 1200, what)
+        failed = [e for e in self.ev.log[since:] if e[:2] == ("failed", worker_id)]
+        assert not failed, f"{what} failed: {failed[0]}"
+
     def park(self, group: WorkerGroup) -> int:
         """Park ``group``'s worker; returns the log position before the park."""
         n = len(self.ev.log)
@@ -138,8 +151,9 @@ def serving(env: Env) -> WorkerGroup:
     if group is not None:
         return group
     group = WorkerGroup(next(env.ids), 0, 0, 1)
+    n = len(env.ev.log)
     env.loop.call(env.plane.restart, group, env.epoch)
-    env.loop.wait(lambda: ("ack", group.worker_id, 0, env.epoch) in env.ev.log, 1200, f"worker {group.worker_id}")
+    env.await_ack(group.worker_id, n, f"the engine of worker {group.worker_id}")
     return group
 
 
@@ -195,7 +209,7 @@ def test_reconfiguration_restarts_the_engine_on_the_same_slot(env: Env, serving:
     plan = ReconfigPlan(ReconfigKind.SPLIT, (serving,), (target,), epoch=env.epoch)
     env.loop.call(env.plane.activate, plan)
     t = target.worker_id
-    env.loop.wait(lambda: ("ack", t, 0, env.epoch) in env.ev.log[n:], 1200, "the target's engine")
+    env.await_ack(t, n, "the target's engine")
     tail = env.ev.log[n:]
     s = serving.worker_id
     assert tail == [("parked", s), ("report", s, "CLEARED", 0), ("report", t, "CLEARED", 0), ("ack", t, 0, env.epoch)]

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import functools
 import os
-import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,17 +23,11 @@ from typing import Any
 import numpy as np
 
 from vertumnus.engines.vllm.engine_args import EngineSpec
+from vertumnus.ports import free_port
 
 
 class EngineRefused(RuntimeError):
     """vLLM refused to build or start the engine; the message is vLLM's."""
-
-
-def free_port(host: str) -> int:
-    """A TCP port free on ``host`` right now (the caller binds it soon after)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def engine_args(spec: EngineSpec, replay_endpoint: str | None) -> Any:
