@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 import zmq
 
-from vertumnus.engines.vllm.actor import free_port
 from vertumnus.engines.vllm.events import Cleared, DecodeStats, Event, Removed, Stored, decode_batch
 from vertumnus.engines.vllm.subscriber import KvEventSubscriber
+from vertumnus.ports import free_port
 
 ENC = msgspec.msgpack.Encoder()
 WAIT_S = 30.0  # bound of every wait (the loopback events take milliseconds; this only turns a bug into a failure)

@@ -27,11 +27,11 @@ import pytest
 from vllm_helpers import LoopThread, hosting_for, vllm_config
 
 from vertumnus.cache.block_keys import keys_from_tokens
-from vertumnus.engines.vllm.actor import free_port
 from vertumnus.engines.vllm.data_plane import VllmDataPlane
 from vertumnus.engines.vllm.engine_args import tiny_model_dir
 from vertumnus.engines.vllm.placement import Placement
 from vertumnus.interfaces import PrefillJob
+from vertumnus.ports import free_port
 from vertumnus.serving.external_decode import ExternalDecode
 from vertumnus.serving.handoff import DecodeRequest, Handoff
 from vertumnus.serving.sampling import SamplingParams

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from vertumnus.engines.vllm.actor import free_port
+from vertumnus.ports import free_port
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[2]

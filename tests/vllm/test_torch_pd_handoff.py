@@ -31,7 +31,7 @@ from server_harness import Server, start_server, stop_server
 from vertumnus.config import ConfigError, config_from_dict
 from vertumnus.cp.qwen3 import write_preset
 from vertumnus.engines.torch.kv_export import ExampleConnectorExporter
-from vertumnus.engines.vllm.actor import free_port
+from vertumnus.ports import free_port
 
 pytestmark = pytest.mark.vllm
 MODEL = "vertumnus-tiny"  # configs/test-serve.yaml's model.name: ExternalDecode asks the endpoint for it

@@ -167,11 +167,11 @@ def print_table(res: EvalResult) -> None:
 
 def _prescient_text(res: EvalResult) -> str:
     """The prescient start's standing, where it was run (every workload has a figure)."""
-    vals = [w.verdict.prescient_ratio for w in res.workloads]
-    if not vals or not all(math.isfinite(v) for v in vals):
+    g = res.geomean("prescient_ratio")  # inf where a workload has none (nan)
+    if not math.isfinite(g):
         return ""
+    vals = [w.verdict.prescient_ratio for w in res.workloads]
     above = sum(v > MEAN_VS_BEST for v in vals)
-    g = math.exp(sum(math.log(v) for v in vals) / len(vals))
     return (
         f" The prescient start (moved to the best fixed composition at t = 0, then held) ÷ best fixed: geometric "
         f"mean {g:.3f}, at most {max(vals):.3f}; above {MEAN_VS_BEST:.2f}× on {above}/{len(vals)} workloads."
