@@ -31,6 +31,7 @@ import httpx
 import numpy as np
 
 from vertumnus.config import VertumnusConfig, load_config
+from vertumnus.ports import free_port
 
 
 @dataclass(slots=True)
@@ -130,12 +131,9 @@ async def _drive(url: str, prompts: list[str], concurrency: int) -> tuple[list[f
 def run_bench(config: Path, requests: int, concurrency: int, words: int) -> BenchResult:
     """Start the instant-engine server, measure, stop it."""
     from vertumnus.profiling.targets import cpu_description
-    from vertumnus.serving.launcher import bind_socket
 
     cfg = load_config(config, overrides={"controller": {"enabled": False}})
-    sock = bind_socket("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port("127.0.0.1")  # the server subprocess binds it later: not from the ephemeral range
     cfg_path = Path(tempfile.mkdtemp(prefix="vertumnus-bench-")) / "bench.json"
     cfg_path.write_text(cfg.model_dump_json())
     code = (
