@@ -49,6 +49,7 @@ def a_dir(tmp_path: Path) -> Path:
         ("compare", "--trace", str(EXCERPT)),
         ("calibrate", "--trace", str(EXCERPT)),
         ("evaluate",),
+        ("audit",),
         ("profile", "--engine", "sim", "--out", "p.yaml"),
         ("serve",),
         ("demo",),

@@ -34,6 +34,7 @@ COMMAND_MODULES = (
     "bench_serve",
     "profile_cmd",
     "evaluate_cmd",
+    "audit_cmd",
     "bench_profile_fit",
     "tokenizer_cmd",
 )

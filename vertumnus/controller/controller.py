@@ -29,6 +29,7 @@ from vertumnus.controller.lattice import Lattice, LatticeOp
 from vertumnus.controller.predictive import (
     ArrivalLog,
     Decision,
+    Move,
     PredictiveModel,
     WorkerNow,
     incoming_workers,
@@ -124,6 +125,9 @@ class Controller:
         self.pending: PendingDecision | None = None
         self._deciding: PendingDecision | None = None
         self.stale_decisions = 0
+        # Called after every computed predictive decision with the move it began (None: none began, stale
+        # decisions included): the simulator's decision audit (vertumnus/sim/decision_audit.py) listens here.
+        self.decision_listeners: list[Callable[[PendingDecision, Decision, Move | None], None]] = []
 
     def start(self, now: float) -> None:
         """Open the first window at ``now``."""
@@ -302,20 +306,26 @@ class Controller:
         """Act on a computed decision — unless the pool changed meanwhile (an operation began or ended, the
         composition moved): then it is dropped as stale (``stale_decisions``). With plans in flight only a split
         check's decision is acted on (``split_while_reconfiguring``); its operations are on ACTIVE workers,
-        disjoint from the plans in flight."""
+        disjoint from the plans in flight. Then tells ``decision_listeners``."""
+        acted = self._act(job, decision, now)
+        for listener in self.decision_listeners:
+            listener(job, decision, acted)
+
+    def _act(self, job: PendingDecision, decision: Decision, now: float) -> Move | None:
+        """Begin the decision's move if it still applies and has persisted long enough: the move begun, or None."""
         if self._deciding is job:
             self._deciding = None
         busy = self.epochs.current is not None and (not self.split_in_flight or job.report is not None)
         if busy or job.shape != self._shape() or job.inflight != self._inflight():
             self.stale_decisions += 1
-            return
+            return None
         report = job.report
         direction = {None: Direction.NONE, ReconfigKind.SPLIT: Direction.SPLIT, ReconfigKind.MERGE: Direction.MERGE}[
             decision.want
         ]
         if report is None:  # a check acts on a split only, at once when splits need one window
             if direction != Direction.SPLIT or self.persist_split > 1:
-                return
+                return None
             report = self.account.check_report(now, decision.reason)
             self.reports.append(report)
         else:
@@ -324,7 +334,7 @@ class Controller:
             persist = self.persist_split if direction == Direction.SPLIT else self.persist_merge
             if not self.account.persist(report, direction, persist):
                 self.last_decision = decision
-                return
+                return None
         self.last_decision = decision
         move = decision.best_split if direction == Direction.SPLIT else decision.best_merge
         assert move is not None and move.ops
@@ -337,6 +347,7 @@ class Controller:
                 op = again
             drain = max(self.epochs.scheduler.queue_s(s.worker_id, now) for s in op.sources)
             self.epochs.begin(self.epochs.next_plan(op, drain), now)
+        return move
 
     def candidates(
         self, kind: ReconfigKind, demand_s: float, queue_s: Callable[[int], float], admit: bool = True

@@ -41,6 +41,7 @@ from vertumnus.sim.policies import check_policy, normalise_composition
 from vertumnus.sim.prescient import PrescientSteer
 from vertumnus.sim.protocol import Generated, mean_of_runs
 from vertumnus.sim.runner import run_policy
+from vertumnus.types import Request
 
 STATIC = "vertumnus-static"
 MEAN_VS_BEST = 1.00  # done when: whole-run mean TTFT ≤ 1.00× the best fixed composition's
@@ -323,6 +324,11 @@ def _workload(set_path: str, config: str, name: str, replicate: int = 0) -> Gene
     # change how the policy runs, so a sensitivity sweep compares runs on identical requests.
     es, cfg, cost = _context(set_path, config)
     return es.generate(name, cfg, cost, replicate)
+
+
+def workload_requests(set_path: str, config: str, name: str, replicate: int = 0) -> list[Request]:
+    """The requests of one workload of a set on request stream ``replicate`` (as every run of it sees them)."""
+    return list(_workload(set_path, config, name, replicate).requests)
 
 
 def run_task(task: Task) -> RunDigest:
