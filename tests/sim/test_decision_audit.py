@@ -53,6 +53,13 @@ def test_a_periodic_stream_is_forecast_exactly_once_the_span_has_passed(sim_inpu
     # Every decision the controller computed is audited or left out (its next span runs past the last arrival).
     assert report.skipped >= 1 and max(d.age_s for d in report.decisions) + report.span_s <= 60.0
     assert report.operations_begun == report.run.summary["reconfigurations"]
+    # A longer audit span scores more of what followed; the work is compared per second, still 1.
+    longer = audit_run(_stream([(60.0, 12.0)], 2000), cfg, cost, "6xCP4+2xCP8", span_s=30.0)
+    assert longer.span_s == 30.0 and longer.skipped > report.skipped  # 20 s more of the tail cut off
+    assert len(longer.decisions) + longer.skipped == len(report.decisions) + report.skipped  # the same decisions
+    assert all(d.work_ratio == pytest.approx(1.0, abs=0.01) for d in longer.decisions if d.age_s >= 10.0)
+    with pytest.raises(ValueError, match="span must be > 0 s"):
+        audit_run(_stream([(5.0, 12.0)], 2000), cfg, cost, "6xCP4+2xCP8", span_s=0.0)
 
 
 def test_a_surge_after_a_quiet_spell_shows_the_forecast_short_and_the_missed_splits(
@@ -97,7 +104,7 @@ def test_the_audit_command_prints_and_writes_every_decision(tmp_path: Path) -> N
     out = tmp_path / "audit.json"
     r = _vertumnus("audit", "--set", str(_tiny_set(tmp_path)), "-c", CONFIG, "--moves", "--json", str(out))
     assert r.returncode == 0, r.stderr
-    assert "tiny (stream 0, from 6xCP4+2xCP8):" in r.stdout and "forecast work / work of the next span" in r.stdout
+    assert "tiny (stream 0, from 6xCP4+2xCP8):" in r.stdout and "forecast work / work that followed" in r.stdout
     data = json.loads(out.read_text())["tiny"]
     assert f"{len(data['decisions'])} decisions audited" in r.stdout
     assert data["moves"] == sum(1 for d in data["decisions"] if d["acted"] is not None)
@@ -114,6 +121,7 @@ def test_the_audit_command_refuses_what_it_cannot_audit(tmp_path: Path) -> None:
         (("--json", str(tmp_path / "no" / "a.json")), f"no directory {tmp_path / 'no'}"),
         (("--json", str(tmp_path)), f"--json {tmp_path} is a directory"),
         (("-w", "nope"), "nope"),
+        (("--span", "-1"), "span must be > 0 s"),
     ):
         r = _vertumnus("audit", "--set", tiny, *args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)

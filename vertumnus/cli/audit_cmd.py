@@ -19,6 +19,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         config: str = typer.Option("configs/sim-40gpu.yaml", "--config", "-c", help="Simulator config YAML."),
         workload: list[str] = typer.Option([], "--workload", "-w", help="Only these workloads (repeatable)."),
         stream: int = typer.Option(0, "--stream", min=0, max=19, help="Request stream (replicate) to run."),
+        span: float | None = typer.Option(
+            None, "--span", help="Seconds of what followed each decision to score (default: the forecast span)."
+        ),
         moves: bool = typer.Option(False, "--moves", help="List every move begun with its verdict."),
         json_out: Path | None = typer.Option(None, "--json", help="Also write every audited decision here."),
     ) -> None:
@@ -37,7 +40,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         out: dict[str, object] = {}
         for name, start in p.starts.items():
             requests = workload_requests(set_path, config, name, stream)
-            report = audit_run(requests, p.cfg, p.cost, start)
+            report = audit_run(requests, p.cfg, p.cost, start, span)
             typer.echo(format_report(f"{name} (stream {stream}, from {start})", report, moves), nl=False)
             out[name] = report_json(report)
         if json_out is not None:

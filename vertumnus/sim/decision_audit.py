@@ -50,7 +50,7 @@ class AuditedDecision:
     acted: str | None  # the move it began (Move.describe), None: it began nothing
     reason: str  # the controller's own account of the decision (Decision.reason)
     forecast_work_s: float  # Σ Ê at the smallest degree of the forecast it replayed
-    true_work_s: float  # ... of the arrivals of the next span
+    true_work_s: float  # ... of the arrivals that followed, per forecast span (scaled when the audit's span differs)
     forecast_stay_s: float  # replayed mean TTFT of staying on the forecast itself (1x its rate, no spread)
     forecast_acted_s: float | None  # ... of the move it began
     true_stay_s: float  # replayed mean TTFT of staying, on the truth
@@ -136,14 +136,21 @@ def age_buckets(decisions: Sequence[AuditedDecision]) -> list[AgeBucket]:
 
 
 def audit_run(
-    requests: Sequence[Request], cfg: VertumnusConfig, cost: CostModel, composition: str | None = None
+    requests: Sequence[Request],
+    cfg: VertumnusConfig,
+    cost: CostModel,
+    composition: str | None = None,
+    span_s: float | None = None,
 ) -> AuditReport:
     """Run the ``vertumnus`` policy (``controller.policy: predictive``) from ``composition`` and audit every
-    decision it computed (ValueError for another controller policy)."""
+    decision it computed (ValueError for another controller policy). ``span_s``: how much of what followed each
+    decision to score (default: the controller's own forecast span; a longer one shows what a move paid later)."""
     if cfg.controller.policy != "predictive":
         raise ValueError(f"the decision audit needs controller.policy: predictive, not {cfg.controller.policy!r}")
     if not requests:
         raise ValueError("the decision audit needs at least one request")
+    if span_s is not None and not span_s > 0:
+        raise ValueError(f"the audit span must be > 0 s, got {span_s}")
     sim = Simulation(requests, cfg, cost, "vertumnus", composition)
     ctrl = sim.pool.controller
     recorder = _Recorder()
@@ -152,7 +159,7 @@ def audit_run(
     a = run.arrays
     t, lengths, cached = a["arrival"], a["input_len"], a["cached"]  # arrival order
     model = ctrl.model
-    span = ctrl.lookback_s
+    span = ctrl.lookback_s if span_s is None else span_s
     c_min = min(model.degrees)
     first, last = float(t[0]), float(t[-1])
     audited: list[AuditedDecision] = []
@@ -164,7 +171,7 @@ def audit_run(
         lo, hi = np.searchsorted(t, job.now, "left"), np.searchsorted(t, job.now + span, "left")
         offsets = (t[lo:hi] - job.now).tolist()
         truth = model.arrivals(list(zip(offsets, lengths[lo:hi].tolist(), cached[lo:hi].tolist(), strict=True)))
-        audited.append(_audit_one(model, job, decision, acted, truth, c_min, first))
+        audited.append(_audit_one(model, job, decision, acted, truth, c_min, first, ctrl.lookback_s / span))
     begun = sum(len(acted.ops) for _, _, acted in recorder.records if acted is not None)
     report = AuditReport(span, model.split_margin, model.merge_margin, audited, skipped, begun, run)
     report.buckets = age_buckets(audited)
@@ -179,6 +186,7 @@ def _audit_one(
     truth: ReplayArrivals,
     c_min: int,
     first: float,
+    work_scale: float,
 ) -> AuditedDecision:
     prep = model.prepare(job.workers)
     scored = [(model.score(m, prep, truth), m) for m in model.moves(job.ops)]
@@ -192,7 +200,7 @@ def _audit_one(
         acted=None if acted is None else acted.describe(),
         reason=decision.reason,
         forecast_work_s=float(job.arrivals.est[c_min].sum()) if len(job.arrivals) else 0.0,
-        true_work_s=float(truth.est[c_min].sum()) if len(truth) else 0.0,
+        true_work_s=float(truth.est[c_min].sum()) * work_scale if len(truth) else 0.0,
         forecast_stay_s=model.score(scored[0][1], prep, job.arrivals),
         forecast_acted_s=forecast_acted_s,
         true_stay_s=stay_s,
@@ -209,7 +217,7 @@ def format_report(name: str, report: AuditReport, moves: bool = False) -> str:
         f"{name}: {len(report.decisions)} decisions audited ({report.skipped} whose next {report.span_s:g} s ran"
         f" past the last arrival left out), mean TTFT {report.run.summary['mean_ttft_s']:.3f} s,"
         f" {len(report.moves)} moves begun",
-        "  forecast work / work of the next span (median, interquartile range, decisions) by pool age:",
+        "  forecast work / work that followed, per second (median, interquartile range, decisions) by pool age:",
     ]
     for b in report.buckets:
         hi = "end" if math.isinf(b.hi_s) else f"{b.hi_s:g} s"
