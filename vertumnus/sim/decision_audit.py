@@ -15,7 +15,9 @@ and two questions answered per run:
   pool's forecast tiles its first seconds (cold caches, a handful of requests), a warm one samples the last span;
 - were the moves right? — a move begun is *endorsed* when the truth scores it below stay, *refuted* otherwise;
   a decision that began nothing *missed* a move when the truth scores a split more than ``split_margin`` (a merge
-  more than ``merge_margin``) below stay — the margins the controller itself asks of its forecast.
+  more than ``merge_margin``) below stay — the margins the controller itself asks of its forecast. (A decision
+  the controller dropped as stale, the pool having changed while it was computed, counts as one that began
+  nothing.)
 
 The truth uses the prefixes the requests found in this run (after the moves the run made) and the replay's model,
 so it audits the forecast, not the model (the model is checked against the simulator elsewhere: configs/eval/
