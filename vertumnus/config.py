@@ -116,6 +116,12 @@ class PoolConfig(_Section):
 class SchedulerConfig(_Section):
     beta: float = Field(1.0, ge=1.0, description="β ≥ 1: weight of the predicted service time in the placement cost.")
     lam: float = Field(0.1, ge=0.0, description="λ ≥ 0: GPU-occupancy cost of larger degrees, (C_w − C_min)/C_min × Ê.")
+    rebalance_on_activate: bool = Field(
+        True,
+        description="When workers become ACTIVE (a split / merge commits, a failed worker is back), place every "
+        "queued, not yet started request of the pool again by J, in arrival order, so the new workers take over "
+        "the backlog at once instead of serving only later arrivals.",
+    )
 
 
 class ControllerConfig(_Section):

@@ -50,6 +50,7 @@ from vertumnus.types import (
     ReconfigKind,
     ReconfigPlan,
     Request,
+    WorkerState,
 )
 
 # a request running on this many workers when each of them failed is failed instead of re-placed again
@@ -97,6 +98,7 @@ class PrefillPool:
         self._job_op: dict[str, int] = {}  # request -> its reconcile op id
         self._ops: dict[int, CacheOp] = {}  # cache ops in flight
         self._strikes: dict[str, int] = {}  # request -> workers that failed while running its prefill
+        self.rebalanced = 0  # queued requests placed again when workers became ACTIVE (cumulative)
         self._scan_interval = cfg.cache.scan_interval_s
         self._next_scan = float("inf")
         self.started = False
@@ -252,7 +254,32 @@ class PrefillPool:
 
     def workers_activated(self, worker_ids: Sequence[int], now: float) -> None:
         if self._requeued or self._backlog:
-            self._flush()
+            self._flush()  # the waiting requests are placed first; they take the fresh workers as they fit
+        elif self.cfg.scheduler.rebalance_on_activate:
+            self._rebalance(set(worker_ids), now)
+
+    def _rebalance(self, fresh: set[int], now: float) -> None:
+        """Place every queued (not started) request of the other ACTIVE workers again, in arrival order.
+
+        J chose each of them when it arrived, among the workers ACTIVE then. A worker that just became ACTIVE
+        (a split's children, a merge's parent, a restarted worker) is empty while the backlog built during the
+        drain and the switch waits elsewhere; without this it would serve only later arrivals, and the requests
+        queued behind the lost capacity would pay for the switch in full. Re-placing in arrival order keeps
+        FCFS among them; a request whose old worker is still its best goes back there, behind the ones placed
+        before it. A job's attached copy is cancelled with the withdrawal and planned again where it lands.
+        """
+        jobs: list[PrefillJob] = []
+        for wid in self.scheduler.worker_ids():
+            if wid in fresh or self.scheduler.state(wid) != WorkerState.ACTIVE:
+                continue
+            if self.scheduler.waiting_at(wid):
+                jobs.extend(self.data_plane.withdraw(wid))
+        if not jobs:
+            return
+        jobs.sort(key=lambda j: j.request.arrival_s)
+        self.rebalanced += len(jobs)
+        for job in jobs:
+            self.replace_job(job, now)
 
     def reconfig_committed(self, plan: ReconfigPlan, drain_s: float, switch_s: float) -> None:
         retired = {s.worker_id for s in plan.sources}

@@ -266,8 +266,15 @@ def test_worker_failure_replaces_everything_and_ignores_late_reports() -> None:
     assert rig.snap(0).state == "FAILED"
     rig.ack(0, 2)
     assert rig.snap(0).state == "ACTIVE" and rig.snap(0).epoch == 2
-    for _ in range(4):
-        rig.run_next(1)
+    # back ACTIVE, the restarted worker takes its share of the queue at once (scheduler.rebalance_on_activate):
+    # the four requests are placed again in arrival order, alternating between the two idle workers
+    assert {w: [j.request.request_id for j in q] for w, q in rig.plane.queues.items()} == {
+        0: ["r1", "r3"],
+        1: ["r0", "r2"],
+    }
+    assert rig.pool.rebalanced == 4
+    for w in (0, 0, 1, 1):
+        rig.run_next(w)
     assert sorted(r for r, _, _ in rig.done.requests) == ["r0", "r1", "r2", "r3", "seed"]
     assert len(rig.done.requests) == 5
 
@@ -423,3 +430,42 @@ def test_a_request_replaced_by_a_drain_is_recorded_in_the_cache_statistics_once(
     # w1 still holds the prefix while it drains, no CP8 worker does: a second record would add missed[z, 8].
     assert [rig.pool.cache.node_stats(k) for k in keys] == [recorded] * 8
     assert rig.snap(1).state == "DRAINING"
+
+
+@pytest.mark.parametrize("rebalance", [True, False])
+def test_a_split_takes_over_the_backlog_queued_during_its_drain(rebalance: bool) -> None:
+    rig = Rig("2xCP8", scheduler={"rebalance_on_activate": rebalance})
+    rig.ack_all()
+    rig.pool.submit(req("r0", 16384))
+    rig.pool.prefill_started(0, "r0", 0.0)  # worker 0 runs r0 while it drains
+    rig.plane.queues[0].pop(0)
+    rig.pool.reconfigure(ReconfigKind.SPLIT, 0)
+    for k in range(1, 6):  # arrivals during the drain: worker 1 is the only ACTIVE worker
+        rig.pool.submit(req(f"r{k}", 16384))
+    assert [j.request.request_id for j in rig.plane.queues[1]] == ["r1", "r2", "r3", "r4", "r5"]
+    rig.pool.prefill_started(1, "r1", 0.0)  # r1 runs: it stays; r2..r5 wait behind it
+    rig.plane.queues[1].pop(0)
+    before = rig.pool.rebalanced
+    rig.clock.t = 1.0
+    rig.pool.prefill_done(PrefillResult("r0", 0, 0, 0.0, 1.0))
+    rig.pool.worker_parked(0, 1.0)
+    rig.clock.t = 1.8
+    rig.ack(2, 2)
+    rig.ack(3, 2)  # commit: the children 2, 3 are ACTIVE
+    queued = {w: [j.request.request_id for j in rig.plane.queues.get(w, [])] for w in (1, 2, 3)}
+    if rebalance:
+        # placed again in arrival order by J: the idle children take the head of the backlog at once;
+        assert rig.pool.rebalanced - before == 4
+        # r2, r3 start on the idle children; r4, r5 wait for the CP8 worker (its r1 ends before a child's r2)
+        assert queued == {1: ["r4", "r5"], 2: ["r2"], 3: ["r3"]}
+    else:
+        assert rig.pool.rebalanced == before
+        assert queued == {1: ["r2", "r3", "r4", "r5"], 2: [], 3: []}
+    rig.clock.t = 2.0
+    rig.pool.prefill_done(PrefillResult("r1", 1, 0, 0.0, 2.0))
+    while any(rig.plane.queues.get(w) for w in (1, 2, 3)):
+        for w in (1, 2, 3):
+            if rig.plane.queues.get(w):
+                rig.run_next(w)
+    assert sorted(r for r, _, ok in rig.done.requests if ok) == [f"r{k}" for k in range(6)]
+    assert len(rig.done.requests) == 6 and rig.pool.snapshot().inflight == 0

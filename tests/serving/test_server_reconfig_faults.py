@@ -122,6 +122,54 @@ def test_split_and_merge_ordered_while_twenty_requests_are_in_flight(server: Ser
     assert counters.delta("vertumnus_requests_total", 'outcome="error"') == 0
 
 
+def test_the_children_of_a_split_take_over_the_backlog_queued_during_its_drain(server: Server) -> None:
+    """``scheduler.rebalance_on_activate``: when the split commits, the requests queued meanwhile on the other
+    workers are placed again (arrival order, J), so the idle children start on the backlog at once instead of
+    waiting for later arrivals. The three original workers hold their first prefill at its start (named holds:
+    the children are not held); the CP2 worker's queued requests go to the CP1 workers when the split drains it;
+    releasing the CP2 worker alone lets its running prefill finish and the split commit while every other
+    request still waits on a held CP1 worker — so exactly those are placed again, whatever the machine's speed."""
+    cfg = server.cfg.model
+    tok = tokenizer(cfg)
+    before = server.get("/v1/pool")
+    counters = server.counters()
+    originals = [w["id"] for w in before["workers"]]
+    (cp2,) = [w["id"] for w in before["workers"] if w["degree"] == 2]
+    prompts = _prompts("backlog", 12, 40, 10)
+
+    async def run() -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
+        server.hold(originals, at="start")
+        traffic = asyncio.create_task(complete_greedy(server, prompts, 4))
+        busy = await _until(
+            server,
+            lambda p: p["placed"] == 12 and all(w["running"] for w in p["workers"] if w["queued"]),
+            "all 12 requests placed, one running on every busy worker",
+        )
+        assert _worker(busy, cp2)["running"], busy  # the CP2 worker runs one: the split must drain it
+        plan = server.reconfigure("split", cp2, wait=False)
+        drained = await _until(server, lambda p: _worker(p, cp2)["queued"] == 1, "the CP2 worker's queue withdrawn")
+        server.release([cp2])
+        done = await _until(server, lambda p: p["reconfiguring"] is None, "the split committed")
+        server.release()
+        return await traffic, plan, {"drained": drained, "done": done}
+
+    answers, plan, seen = asyncio.run(run())
+    for a, p in zip(answers, prompts, strict=True):
+        assert a.choices[0].token_ids == generate(cfg, tok.encode(p), 4, [EOS])
+    children = {t["id"] for t in plan["targets"]}
+    # at the commit every request but the running ones (the CP2 worker's finished) waited on a held CP1 worker
+    rows = seen["drained"]["workers"]
+    running = sum(1 for w in rows if w["running"])
+    waiting = sum(w["queued"] - (1 if w["running"] else 0) for w in rows if w["id"] != cp2)
+    assert waiting == 12 - running > 0
+    assert counters.delta("vertumnus_requests_rebalanced_total") == waiting
+    timings = [server.get(f"/v1/requests/{a.id}") for a in answers]
+    served = {t["worker"] for t in timings}
+    assert children <= served, (children, timings)  # both children took part of the backlog
+    assert all(t["placements"] == 1 and t["outcome"] == "ok" for t in timings)  # none ran twice
+    assert counters.delta("vertumnus_requests_total", 'outcome="ok"') == 12
+
+
 def test_a_prefix_cached_before_a_split_is_reconciled_from_the_sibling(server: Server) -> None:
     """DESIGN §2/§4: a split leaves each child the parent's blocks on its own ranks (block b on rank b mod 2:
     the lower child b0 b2 b4 ..., the upper b1 b3 ...) and assigns each retained prefix to one child, where the

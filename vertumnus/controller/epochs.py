@@ -60,7 +60,7 @@ class ReconfigHost(Protocol):
         ...
 
     def workers_activated(self, worker_ids: Sequence[int], now: float) -> None:
-        """Workers just became ACTIVE (flush the backlog)."""
+        """Workers just became ACTIVE (flush the backlog, or place the other workers' queues again)."""
         ...
 
     def reconfig_committed(self, plan: ReconfigPlan, drain_s: float, switch_s: float) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from vertumnus.types import WorkerState
@@ -62,9 +62,12 @@ class WorkerRow:
 class _PoolCollector(Collector):
     """Reads the pool at scrape time."""
 
-    def __init__(self, rows: Callable[[], Sequence[WorkerRow]], degrees: Sequence[int]) -> None:
+    def __init__(
+        self, rows: Callable[[], Sequence[WorkerRow]], degrees: Sequence[int], rebalanced: Callable[[], int]
+    ) -> None:
         self._rows = rows
         self._degrees = tuple(degrees)
+        self._rebalanced = rebalanced
 
     def collect(self) -> Iterable[Metric]:
         rows = self._rows()
@@ -89,13 +92,25 @@ class _PoolCollector(Collector):
             cached.add_metric([str(r.worker_id)], r.cached_blocks)
         epoch = GaugeMetricFamily("vertumnus_pool_epoch", "Highest configuration epoch among the workers.")
         epoch.add_metric([], max((r.epoch for r in rows), default=0))
-        return [workers, queue, cached, epoch]
+        rebalanced = CounterMetricFamily(
+            "vertumnus_requests_rebalanced",
+            "Queued requests placed again when workers became ACTIVE (scheduler.rebalance_on_activate).",
+        )
+        rebalanced.add_metric([], self._rebalanced())
+        return [workers, queue, cached, epoch, rebalanced]
 
 
 class ServingMetrics:
     """All metrics of one server, in their own registry."""
 
-    def __init__(self, rows: Callable[[], Sequence[WorkerRow]], degrees: Sequence[int]) -> None:
+    def __init__(
+        self,
+        rows: Callable[[], Sequence[WorkerRow]],
+        degrees: Sequence[int],
+        rebalanced: Callable[[], int] = lambda: 0,
+    ) -> None:
+        """``rows``: the pool's workers at scrape time; ``rebalanced``: the pool's count of requests re-placed
+        when workers became ACTIVE."""
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
         self.requests = Counter("vertumnus_requests", "Requests by outcome.", ["outcome"], registry=reg)
@@ -168,7 +183,7 @@ class ServingMetrics:
             "vertumnus_request_replacements", "Requests re-placed on another worker (drain or failure).", registry=reg
         )
         self.inflight = Gauge("vertumnus_inflight_requests", "Admitted requests not yet finished.", registry=reg)
-        reg.register(_PoolCollector(rows, degrees))
+        reg.register(_PoolCollector(rows, degrees, rebalanced))
 
     def observe_ttft(self, ttft_s: float, prompt_tokens: int, slo_s: float) -> None:
         """Record a first token and its token-weighted SLO accounting."""

@@ -95,7 +95,7 @@ class ServingRuntime:
         self.pool.controller.defer_decisions = True
         self._decision: asyncio.Task[None] | None = None
         self.pool.add_listener(self)
-        self.metrics = ServingMetrics(self.worker_rows, cfg.pool.degrees)
+        self.metrics = ServingMetrics(self.worker_rows, cfg.pool.degrees, lambda: self.pool.rebalanced)
         # the engine's own counters (vLLM: KV-event feeds, logical reclamations, restarts) join /metrics
         self.engine_stats_source = data_plane if isinstance(data_plane, EngineStatsSource) else None
         if self.engine_stats_source is not None:
