@@ -135,7 +135,19 @@ class ControllerConfig(_Section):
     long_threshold_tokens: int = Field(32768, ge=1, description="A request with more input tokens is 'long'.")
     persist_windows: int = Field(2, ge=1, description="Windows a direction must hold before acting.")
     headroom: float = Field(0.2, ge=0, description="Initial composition needs K ≥ (1+headroom)·D̄.")
-    switch_s: float = Field(0.8, ge=0, description="Simulated switch-stage duration (seconds).")
+    switch_s: float = Field(
+        0.8,
+        ge=0,
+        description="Switch-stage duration (seconds): the simulator's switch, and what the predictive controller "
+        "charges a move's switch until the engine's own switch was observed (switch_from_observed).",
+    )
+    # Not a threshold: the switch is the engine's. The simulator's observed switch equals switch_s, so this changes
+    # nothing there (tuning and test sets checked equal); on the torch engine it prices a move at milliseconds.
+    switch_from_observed: bool = Field(
+        True,
+        description="Predictive: charge a move's switch at the mean switch stage (activate → every target rank "
+        "acked) of the last 8 committed reconfigurations, switch_s until the first one.",
+    )
     history_trace: str | None = Field(
         None,
         description="Mooncake trace used to pick the initial composition (a relative path: the CWD if it exists "

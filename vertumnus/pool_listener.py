@@ -113,6 +113,7 @@ def build_snapshot(
             "index": r.index, "end_s": r.end_s, "demand_s": r.demand_s, "capacity_s": r.capacity_s,
             "rho": r.rho, "requests": r.requests, "long_fraction": r.long_fraction,
             "direction": r.direction.name, "reason": r.reason, "streak": r.streak,
+            "switch_s": controller.switch_estimate(),  # what a move's switch is charged now
         }  # fmt: skip
     return PoolSnapshot(
         now, epochs.epoch, format_composition(controller.lattice.composition()), workers, backlog,

@@ -14,7 +14,7 @@ import pytest
 
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
 from vertumnus.controller.lattice import Lattice
-from vertumnus.controller.predictive import ArrivalLog, PredictiveModel, WorkerNow, observed_stress
+from vertumnus.controller.predictive import ArrivalLog, PredictiveModel, WorkerNow, observed_stress, observed_switch
 from vertumnus.controller.replay import ReplayArrivals, ReplayWorkers, replay_mean_ttft
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.sim.runner import Simulation
@@ -257,6 +257,31 @@ def test_merges_go_one_per_decision_unless_configured_otherwise(max_merges: int,
     assert d.want == ReconfigKind.MERGE and d.stay.objective == pytest.approx(1.2)
     assert d.best_merge is not None and len(d.best_merge.ops) == n_ops
     assert d.best_merge.objective == pytest.approx(objective)
+
+
+def test_the_switch_price_is_the_mean_switch_observed_or_the_configured_one() -> None:
+    assert observed_switch([], 0.8) == 0.8
+    assert observed_switch([0.002, 0.004], 0.8) == pytest.approx(0.003)
+
+
+@pytest.mark.parametrize(("switch_s", "want", "merged"), [(None, None, 1.2), (0.003, ReconfigKind.MERGE, 1.1)])
+def test_a_merge_that_loses_at_the_configured_switch_wins_at_the_engines(
+    switch_s: float | None, want: ReconfigKind | None, merged: float
+) -> None:
+    # Four idle CP4 (Ê_4 = 1.2 s; a merged CP8 Ê_8 = 1.0 s, J = q + 1.1 with λ 0.1); two requests at 0.3 s.
+    # Charged the configured 0.8-s switch the CP8 is free at 0.8 s: J = 0.5 + 1.1 > 1.2, both go to the CP4 left
+    # (1.2 s, as staying). At the 3-ms switch the engine took, the CP8 is free when they arrive: the first goes
+    # there (TTFT 1.0), the second to a CP4 (the CP8's queue would make J 2.1): (1.0 + 1.2) / 2 = 1.1, past the
+    # 5% margin.
+    lattice = Lattice(2, 8, [4, 8])
+    quads = lattice.build({4: 4})
+    model = PredictiveModel(COST, [4, 8], 1.0, 0.1, 0.8, 4, 0.02, 0.05, 1.0, max_merges=1)
+    ops = {ReconfigKind.MERGE: lattice.ops(ReconfigKind.MERGE)}
+    workers = [WorkerNow(g.worker_id, 4, 0.0, 0.0, []) for g in quads]
+    two = ReplayArrivals(np.array([0.3, 0.3]), {4: np.full(2, 1.2), 8: np.full(2, 1.0)})
+    d = model.decide(workers, two, ops, switch_s=switch_s)
+    assert d.want == want and d.stay.objective == pytest.approx(1.2)
+    assert d.best_merge is not None and d.best_merge.objective == pytest.approx(merged)
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,9 @@ pool, a quiet spell of single long prompts merges it again, every request is ans
 worker thread (the runtime defers each decision and acts on it back on the event loop).
 
 Why the outcome does not hang on the machine's speed: the replay prices every request with the pinned serving
-profile (configs/profiles/tiny-cpu-serving-tests.yaml), not with measured times, and ``switch_s`` is set to the
-torch engine's switch (milliseconds; README: 3-9 ms) rather than the simulator's 0.8 s. From 1xCP4, a burst of
+profile (configs/profiles/tiny-cpu-serving-tests.yaml), not with measured times, and ``switch_s`` is set near the
+torch engine's switch (milliseconds; README: 3-9 ms) rather than the simulator's 0.8 s; after the first split the
+replay charges the switch the engine took (``switch_from_observed``), which the test checks. From 1xCP4, a burst of
 16 ~2K-token prompts at once is ~2.9 s of predicted queue: a split check (every 1 s) sees splitting win at once
 (more workers in parallel). Once the burst is served, single 4K-token prompts 3 s apart are best on the largest
 degree the pool then has, so merging two small workers wins; ``min_forecast_requests: 4`` lets the burst leave
@@ -42,6 +43,24 @@ def _prompt(tag: str, words: int) -> str:
     return f"{tag} " + " ".join(f"w{(len(tag) * 7 + j) % 97}" for j in range(words))
 
 
+def _switch_is_priced_as_observed(server: Server, counters: Any, reconfigs_before: int) -> None:
+    """The switch the controller now charges a move (``/v1/pool`` → last_window.switch_s) is the mean switch
+    stage the torch engine took in the splits so far (the histogram's sum / count), not the configured 0.05 s.
+    Read between two pool snapshots that agree on the reconfigurations done, so no operation commits between."""
+    for _ in range(50):
+        before = server.get("/v1/pool")
+        n = counters.delta("vertumnus_reconfiguration_seconds_count", 'stage="switch"')
+        total = counters.delta("vertumnus_reconfiguration_seconds_sum", 'stage="switch"')
+        after = server.get("/v1/pool")
+        if before["reconfigs_done"] == after["reconfigs_done"] and after["reconfiguring"] is None:
+            break
+    else:
+        raise AssertionError("the pool kept reconfiguring")
+    assert after["reconfigs_done"] - reconfigs_before == n >= 1
+    assert n <= 8  # the price averages the last 8 (SWITCH_MEMORY): here every one so far
+    assert after["last_window"]["switch_s"] == pytest.approx(total / n, rel=1e-6)
+
+
 def test_burst_splits_and_quiet_spell_merges_with_every_request_answered(server: Server) -> None:
     pool = server.get("/v1/pool")
     assert pool["composition"] == "1xCP4"  # idle: no forecast, nothing moves
@@ -63,6 +82,7 @@ def test_burst_splits_and_quiet_spell_merges_with_every_request_answered(server:
     assert all(a.choices[0].finish_reason in ("stop", "length") for a in answers)
     server.wait_pool(lambda p: p["reconfiguring"] is None, "no operation in flight")
     assert counters.delta("vertumnus_reconfigurations_total", 'op="split"') >= 1, server.get("/v1/pool")
+    _switch_is_priced_as_observed(server, counters, reconfigs_before=pool["reconfigs_done"])
 
     sent = 0
     while counters.delta("vertumnus_reconfigurations_total", 'op="merge"') < 1 and sent < TRICKLE_MAX:

@@ -34,12 +34,15 @@ from vertumnus.controller.predictive import (
     WorkerNow,
     incoming_workers,
     observed_stress,
+    observed_switch,
     worker_states,
 )
 from vertumnus.controller.replay import ReplayArrivals
 from vertumnus.controller.rules import Direction, WindowAccount, WindowReport
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.types import ReconfigKind, ReconfigPlan, WorkerState
+
+SWITCH_MEMORY = 8  # committed reconfigurations whose switch stages the replay's switch price averages
 
 
 class TrafficEstimator(Protocol):
@@ -66,6 +69,7 @@ class PendingDecision:
     shape: tuple[tuple[int, int], ...]
     merge_stress: float | None = None  # this decision's stress factor (None: the configured one)
     inflight: tuple[int, ...] = ()  # epochs of the plans in flight when it was prepared
+    switch_s: float | None = None  # what a move's switch costs (None: the configured switch_s)
 
 
 class Controller:
@@ -119,6 +123,7 @@ class Controller:
             cc.burst_split_full_slack, cc.forecast_rate_spread,
         )  # fmt: skip
         self.wait_for_forecast = cc.wait_for_min_forecast
+        self.switch_from_observed = cc.switch_from_observed
         self.last_decision: Decision | None = None
         # Predictive decisions off the pool's thread (the server sets this): see _predictive.
         self.defer_decisions = False
@@ -265,8 +270,9 @@ class Controller:
     def decide(self, job: PendingDecision) -> Decision:
         """The replay: pure in the prepared snapshot (reads no pool state), so it may run off the pool's thread."""
         return self.model.decide(
-            job.workers, job.arrivals, job.ops, job.burst, splits_only=job.report is None, merge_stress=job.merge_stress
-        )
+            job.workers, job.arrivals, job.ops, job.burst, splits_only=job.report is None,
+            merge_stress=job.merge_stress, switch_s=job.switch_s,
+        )  # fmt: skip
 
     def _prepare(self, report: WindowReport | None, now: float) -> PendingDecision:
         sched = self.epochs.scheduler
@@ -284,15 +290,25 @@ class Controller:
         picked = self.log.forecast(now, self.lookback_s, self.min_forecast)
         burst = self.model.arrivals(self.log.burst(now, self.burst_s, self.lookback_s))
         workers = worker_states(sched, self.lattice, now)
+        switch = self.switch_estimate()
         if self.epochs.inflight:  # (split_in_flight) the targets on their way count as capacity
-            workers += incoming_workers(self.epochs, self.model.switch_s, now)
+            workers += incoming_workers(self.epochs, switch, now)
         stress = None
         if report is not None and self.stress_windows > 0:
             recent = max(1, round(self.lookback_s / self.window_s))
             stress = observed_stress(self.demands, recent, self.model.merge_stress)
         return PendingDecision(
-            report, now, workers, self.model.arrivals(picked), ops, burst, self._shape(), stress, self._inflight()
-        )
+            report, now, workers, self.model.arrivals(picked), ops, burst, self._shape(), stress, self._inflight(),
+            switch,
+        )  # fmt: skip
+
+    def switch_estimate(self) -> float:
+        """What the replay charges a move's switch: with ``switch_from_observed``, the mean switch stage of the
+        last :data:`SWITCH_MEMORY` committed reconfigurations (the configured ``switch_s`` until one committed)."""
+        if not self.switch_from_observed:
+            return self.model.switch_s
+        recent = [r.switch_s for r in self.epochs.records[-SWITCH_MEMORY:]]
+        return observed_switch(recent, self.model.switch_s)
 
     def _shape(self) -> tuple[tuple[int, int], ...]:
         """The composition's identity (worker id, degree): a decision computed on another one is stale."""

@@ -195,6 +195,20 @@ def observed_stress(demands: Sequence[float], recent_windows: int, cap: float) -
     return min(cap, max(1.0, max(demands) / mean))
 
 
+def observed_switch(switches: Sequence[float], prior: float) -> float:
+    """What a move's switch costs: the mean of ``switches`` (the last committed reconfigurations' switch
+    stages, activate → every target rank acked, as the epoch protocol measured them), ``prior`` (the configured
+    ``switch_s``) before any was observed.
+
+    Why: the switch is a property of the engine and the hardware, not of the policy. The simulator's is the
+    configured one (so there the two agree); the torch engine's is milliseconds (README, *Performance*) and a
+    vLLM engine's may be longer than configured. A replay that charged the configured 0.8 s for a 3-ms switch
+    would refuse moves that pay, one that charged less than the engine takes would make moves that do not."""
+    if not switches:
+        return prior
+    return sum(switches) / len(switches)
+
+
 def worker_states(scheduler: Scheduler, lattice: Lattice, now: float) -> list[WorkerNow]:
     """Every ACTIVE worker of the current composition with its queue (from the scheduler's tickets)."""
     out: list[WorkerNow] = []
@@ -314,8 +328,10 @@ class PredictiveModel:
             known[w.worker_id] = (w.running_left_s + np.cumsum(e[w.degree])).tolist()
         return _Prepared({w.worker_id: w for w in workers}, known, est)
 
-    def score(self, move: Move, prep: _Prepared, arrivals: ReplayArrivals) -> float:
-        """Mean predicted TTFT (from now) of the forecast and of every queued request under ``move``."""
+    def score(self, move: Move, prep: _Prepared, arrivals: ReplayArrivals, switch_s: float | None = None) -> float:
+        """Mean predicted TTFT (from now) of the forecast and of every queued request under ``move``, its targets
+        starting ``switch_s`` (default: the configured switch) after the sources' running prefills end."""
+        switch = self.switch_s if switch_s is None else switch_s
         sources = {s.worker_id for op in move.ops for s in op.sources}
         free: dict[int, list[float]] = {c: [] for c in self.degrees}
         known: list[float] = []  # queued requests that stay where they are: completion offsets
@@ -325,7 +341,7 @@ class PredictiveModel:
                 free[w.degree].append(w.queue_s)
                 known.extend(prep.known[wid])
         for op in move.ops:
-            ready = max(prep.workers[s.worker_id].running_left_s for s in op.sources) + self.switch_s
+            ready = max(prep.workers[s.worker_id].running_left_s for s in op.sources) + switch
             for t in op.targets:
                 free[t.degree].append(ready)
         replay = arrivals
@@ -337,7 +353,7 @@ class PredictiveModel:
             )
         return replay_mean_ttft(ReplayWorkers(free), replay, self.beta, self.lam, known)
 
-    def expected(self, move: Move, prep: _Prepared, arrivals: ReplayArrivals) -> float:
+    def expected(self, move: Move, prep: _Prepared, arrivals: ReplayArrivals, switch_s: float | None = None) -> float:
         """The move's objective: the mean of :meth:`score` over the forecast at (1 − u)×, 1× and (1 + u)× its
         rate (u = ``rate_spread``; the forecast alone when u = 0).
 
@@ -346,9 +362,9 @@ class PredictiveModel:
         the sampled rate is worse in expectation than the sample says; averaging over the spread prices that
         risk (a composition the sampled rate nearly fills is charged the queue it builds at (1 + u)×)."""
         if self.rate_spread <= 0.0:
-            return self.score(move, prep, arrivals)
+            return self.score(move, prep, arrivals, switch_s)
         u = self.rate_spread
-        return sum(self.score(move, prep, arrivals.compressed(f)) for f in (1.0 - u, 1.0, 1.0 + u)) / 3.0
+        return sum(self.score(move, prep, arrivals.compressed(f), switch_s) for f in (1.0 - u, 1.0, 1.0 + u)) / 3.0
 
     def decide(
         self,
@@ -358,6 +374,7 @@ class PredictiveModel:
         burst: ReplayArrivals | None = None,
         splits_only: bool = False,
         merge_stress: float | None = None,
+        switch_s: float | None = None,
     ) -> Decision:
         """Score every move and say which direction (if any) pays, with the module docstring's margins.
 
@@ -366,6 +383,8 @@ class PredictiveModel:
         ``splits_only``: a between-windows check (merges are decided at window ends only).
         ``merge_stress``: this decision's stress factor (default: the configured ``merge_stress``; the controller
         passes a smaller one when the load it has seen swings less, see :func:`observed_stress`).
+        ``switch_s``: what a move's switch costs (default: the configured one; the controller passes the
+        engine's observed switch, see :func:`observed_switch`).
         """
         stress = self.merge_stress if merge_stress is None else merge_stress
         moves = self.moves(ops_by_kind)
@@ -376,7 +395,7 @@ class PredictiveModel:
         if len(arrivals) == 0 and not any(w.queued or w.queue_s > 0 for w in workers):
             return Decision(stay, None, None, None, "no arrivals to forecast", len(moves))
         for m in moves:
-            m.objective = self.expected(m, prep, arrivals)
+            m.objective = self.expected(m, prep, arrivals, switch_s)
         splits = [m for m in moves if m.kind == ReconfigKind.SPLIT]
         merges = [m for m in moves if m.kind == ReconfigKind.MERGE]
         best_split = min(splits, key=lambda m: m.objective) if splits else None
@@ -385,8 +404,8 @@ class PredictiveModel:
             why = f"{best_split.describe()}: predicted {best_split.objective:.3f} s vs stay {stay.objective:.3f} s"
             return Decision(stay, best_split, best_merge, ReconfigKind.SPLIT, why, len(moves))
         if burst is not None and len(burst) and splits:
-            stay_b = self.score(stay, prep, burst)
-            scored = [(self.score(m, prep, burst), m) for m in splits]
+            stay_b = self.score(stay, prep, burst, switch_s)
+            scored = [(self.score(m, prep, burst, switch_s), m) for m in splits]
             obj_b, move_b = min(scored, key=lambda x: x[0])
             if obj_b < (1.0 - self.burst_split_margin) * stay_b:
                 if self.burst_full_slack is None or move_b.objective <= (1.0 + self.burst_full_slack) * stay.objective:
@@ -401,14 +420,14 @@ class PredictiveModel:
                     f" not on the span ({move_b.objective:.3f} s vs {stay.objective:.3f} s)"
                 )
                 return Decision(stay, move_b, best_merge, None, why, len(moves) + len(splits) + 1)
-            if best_merge is not None and self.score(best_merge, prep, burst) > stay_b:
+            if best_merge is not None and self.score(best_merge, prep, burst, switch_s) > stay_b:
                 # a merge must not lose on the burst forecast either
                 why = "a merge would lose at the last seconds' rate"
                 return Decision(stay, best_split, best_merge, None, why, len(moves))
         if best_merge is not None and best_merge.objective < (1.0 - self.merge_margin) * stay.objective:
             stressed = arrivals.compressed(stress)
-            best_merge.stressed = self.score(best_merge, prep, stressed)
-            stay.stressed = self.score(stay, prep, stressed)
+            best_merge.stressed = self.score(best_merge, prep, stressed, switch_s)
+            stay.stressed = self.score(stay, prep, stressed, switch_s)
             if best_merge.stressed <= stay.stressed:
                 why = (
                     f"{best_merge.describe()}: predicted {best_merge.objective:.3f} s vs stay {stay.objective:.3f} s"
