@@ -67,6 +67,13 @@ class PoolConfig(_Section):
     kv_capacity_blocks_per_rank: int = Field(
         2048, ge=1, description="KV capacity of one rank, in cache blocks (cache.block_tokens tokens each)."
     )
+    sim_switch_s: float | None = Field(
+        None,
+        ge=0,
+        description="engine sim: the simulated engine's switch stage (seconds); None = controller.switch_s. Set "
+        "apart from controller.switch_s to simulate an engine whose switch the controller was not told (e.g. a "
+        "vLLM restart, tens of seconds).",
+    )
 
     @field_validator("degrees")
     @classmethod

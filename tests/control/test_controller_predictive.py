@@ -24,14 +24,14 @@ from vertumnus.types import ReconfigKind
 COST = CostModel.from_file(REPO_ROOT / DEFAULT_PROFILE)
 
 
-def cfg(nodes: int, **controller: Any) -> Any:
+def cfg(nodes: int, pool: dict[str, Any] | None = None, **controller: Any) -> Any:
     """A predictive pool of ``nodes`` 8-GPU nodes; split checks every check_interval_s from the start (no
     start-up checks unless a test asks for them)."""
     controller = {"startup_check_interval_s": None, **controller}
     return config_from_dict(
         {
             "pool": {"nodes": nodes, "gpus_per_node": 8, "degrees": [4, 8], "engine": "sim",
-                     "max_model_len": 131072, "kv_capacity_blocks_per_rank": 1024},
+                     "max_model_len": 131072, "kv_capacity_blocks_per_rank": 1024, **(pool or {})},
             "controller": {"policy": "predictive", "window_s": 5.0, "theta_low": 0.3, "theta_up": 0.8,
                            **controller},
             "cache": {"replication": False},
@@ -282,6 +282,23 @@ def test_a_merge_that_loses_at_the_configured_switch_wins_at_the_engines(
     d = model.decide(workers, two, ops, switch_s=switch_s)
     assert d.want == want and d.stay.objective == pytest.approx(1.2)
     assert d.best_merge is not None and d.best_merge.objective == pytest.approx(merged)
+
+
+@pytest.mark.parametrize(("observed", "price"), [(True, 3.0), (False, 0.8)])
+def test_the_switch_the_engine_took_prices_the_next_move(observed: bool, price: float) -> None:
+    # The overload of test_overload_after_a_merge_splits_at_the_first_check on an engine whose switch takes 3 s
+    # (pool.sim_switch_s) while the controller was configured with 0.8 s: the split at 1 s commits 3 s after its
+    # (instant) drain, and from then on a move is priced at the 3 s the engine took — or, with
+    # switch_from_observed off, still at the configured 0.8 s.
+    c = cfg(1, pool={"sim_switch_s": 3.0}, switch_s=0.8, switch_from_observed=observed)
+    times = [k / 12 for k in range(12 * 20)]
+    sim = Simulation(requests(c, times, 4096), c, COST, "vertumnus", "1xCP8")
+    assert sim.pool.controller.switch_estimate() == 0.8  # nothing observed yet: the configured prior
+    res = sim.run()
+    assert [(r.kind, r.sources, r.targets) for r in res.reconfigs] == [("split", (0,), (1, 2))]
+    assert res.reconfigs[0].switch_s == pytest.approx(3.0)
+    assert sim.pool.controller.switch_estimate() == pytest.approx(price)
+    assert res.summary["completed"] == len(times)
 
 
 @pytest.mark.parametrize(

@@ -70,7 +70,9 @@ class SimDataPlane:
         self.block_tokens = cfg.cache.block_tokens
         self.per_rank_blocks = cfg.pool.kv_capacity_blocks_per_rank
         self.retain = cfg.cache.retention()  # the cache manager's eviction order (None: plain LRU)
-        self.switch_s = cfg.controller.switch_s
+        # the engine's switch; the controller's switch_s is only its prior (controller.switch_from_observed)
+        sw = cfg.pool.sim_switch_s
+        self.switch_s = cfg.controller.switch_s if sw is None else sw
         self.workers: dict[int, SimWorker] = {}
         self.stats = SimStats()
         self._events: EngineEvents | None = None
@@ -234,7 +236,8 @@ class SimDataPlane:
         self.events.worker_parked(w.group.worker_id, self.loop.now)
 
     def activate(self, plan: ReconfigPlan) -> None:
-        """Regroup parked ranks after ``controller.switch_s``; each target rank then acks ``plan.epoch``."""
+        """Regroup parked ranks after the switch (``pool.sim_switch_s``, else ``controller.switch_s``); each target
+        rank then acks ``plan.epoch``."""
         for g in plan.sources:
             w = self.workers[g.worker_id]
             if not w.parked:
@@ -307,7 +310,7 @@ class SimDataPlane:
         self.events.cache_op_failed(op_id, reason)
 
     def restart(self, group: WorkerGroup, epoch: int) -> None:
-        """Bring a failed worker back with an empty cache after ``switch_s``."""
+        """Bring a failed worker back with an empty cache after the switch."""
         old = self.workers.pop(group.worker_id, None)
         if old is not None:
             old.retired = True
