@@ -99,6 +99,10 @@ class PoolConfig(_Section):
 
     @model_validator(mode="after")
     def _degrees_fit_node(self) -> PoolConfig:
+        if self.sim_switch_s is not None and self.engine != "sim":
+            # a real engine's switch is what it takes (the controller observes it); a knob that did nothing
+            # would let an operator believe they had set it
+            raise ValueError(f"sim_switch_s applies to engine sim only (engine is {self.engine}); remove it")
         for d in self.degrees:
             if self.gpus_per_node % d:
                 raise ValueError(f"degree {d} does not divide gpus_per_node={self.gpus_per_node}")

@@ -35,6 +35,7 @@ def _write(tmp_path: Path, text: str) -> Path:
         ("pool: {degrees: [3, 4]}", "pool.degrees", "degree 3 is not a power of two"),
         ("pool: {gpus_per_node: 4, degrees: [8]}", "pool", "degree 8 does not divide gpus_per_node=4"),
         ("pool: {colour: red}", "pool.colour", "unknown key"),
+        ("pool: {engine: torch, sim_switch_s: 3}", "pool", "sim_switch_s applies to engine sim only (engine is torch)"),
         ("bogus: 1", "bogus", "unknown key"),
         ("controller: {theta_low: 0.9, theta_up: 0.8}", "controller", "theta_low (0.9) must be below theta_up"),
         ("pool: {nodes: 1, gpus_per_node: 8, degrees: [4, 8], initial_composition: 1xCP4}", "pool", "uses 4 GPUs"),
