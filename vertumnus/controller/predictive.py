@@ -165,6 +165,7 @@ class _Prepared:
     workers: dict[int, WorkerNow]
     known: dict[int, list[float]]  # completion offsets of each worker's queued requests where they are
     est: dict[int, dict[int, np.ndarray]]  # worker -> degree -> Ê of its queued requests (re-placement)
+    switch_s: float  # what a move's switch costs in this decision (see observed_switch)
 
 
 @dataclass(slots=True)
@@ -314,8 +315,9 @@ class PredictiveModel:
                     out.append(Move(tuple(group[:k])))
         return out
 
-    def prepare(self, workers: Sequence[WorkerNow]) -> _Prepared:
-        """Per-worker parts every move shares: completion offsets and Ê per degree of the queued requests."""
+    def prepare(self, workers: Sequence[WorkerNow], switch_s: float | None = None) -> _Prepared:
+        """Per-worker parts every move shares: completion offsets and Ê per degree of the queued requests, and
+        the switch a move is charged (``switch_s``; default: the configured one)."""
         known: dict[int, list[float]] = {}
         est: dict[int, dict[int, np.ndarray]] = {}
         for w in workers:
@@ -326,12 +328,12 @@ class PredictiveModel:
             p_arr = np.array([x[1] for x in w.queued], dtype=np.int64)
             est[w.worker_id] = e = self._est(l_arr, p_arr)
             known[w.worker_id] = (w.running_left_s + np.cumsum(e[w.degree])).tolist()
-        return _Prepared({w.worker_id: w for w in workers}, known, est)
-
-    def score(self, move: Move, prep: _Prepared, arrivals: ReplayArrivals, switch_s: float | None = None) -> float:
-        """Mean predicted TTFT (from now) of the forecast and of every queued request under ``move``, its targets
-        starting ``switch_s`` (default: the configured switch) after the sources' running prefills end."""
         switch = self.switch_s if switch_s is None else switch_s
+        return _Prepared({w.worker_id: w for w in workers}, known, est, switch)
+
+    def score(self, move: Move, prep: _Prepared, arrivals: ReplayArrivals) -> float:
+        """Mean predicted TTFT (from now) of the forecast and of every queued request under ``move``, its targets
+        starting ``prep.switch_s`` after the sources' running prefills end."""
         sources = {s.worker_id for op in move.ops for s in op.sources}
         free: dict[int, list[float]] = {c: [] for c in self.degrees}
         known: list[float] = []  # queued requests that stay where they are: completion offsets
@@ -341,7 +343,7 @@ class PredictiveModel:
                 free[w.degree].append(w.queue_s)
                 known.extend(prep.known[wid])
         for op in move.ops:
-            ready = max(prep.workers[s.worker_id].running_left_s for s in op.sources) + switch
+            ready = max(prep.workers[s.worker_id].running_left_s for s in op.sources) + prep.switch_s
             for t in op.targets:
                 free[t.degree].append(ready)
         replay = arrivals
@@ -353,7 +355,7 @@ class PredictiveModel:
             )
         return replay_mean_ttft(ReplayWorkers(free), replay, self.beta, self.lam, known)
 
-    def expected(self, move: Move, prep: _Prepared, arrivals: ReplayArrivals, switch_s: float | None = None) -> float:
+    def expected(self, move: Move, prep: _Prepared, arrivals: ReplayArrivals) -> float:
         """The move's objective: the mean of :meth:`score` over the forecast at (1 − u)×, 1× and (1 + u)× its
         rate (u = ``rate_spread``; the forecast alone when u = 0).
 
@@ -362,9 +364,9 @@ class PredictiveModel:
         the sampled rate is worse in expectation than the sample says; averaging over the spread prices that
         risk (a composition the sampled rate nearly fills is charged the queue it builds at (1 + u)×)."""
         if self.rate_spread <= 0.0:
-            return self.score(move, prep, arrivals, switch_s)
+            return self.score(move, prep, arrivals)
         u = self.rate_spread
-        return sum(self.score(move, prep, arrivals.compressed(f), switch_s) for f in (1.0 - u, 1.0, 1.0 + u)) / 3.0
+        return sum(self.score(move, prep, arrivals.compressed(f)) for f in (1.0 - u, 1.0, 1.0 + u)) / 3.0
 
     def decide(
         self,
@@ -390,12 +392,12 @@ class PredictiveModel:
         moves = self.moves(ops_by_kind)
         if splits_only:
             moves = [m for m in moves if m.kind != ReconfigKind.MERGE]
-        prep = self.prepare(workers)
+        prep = self.prepare(workers, switch_s)
         stay = moves[0]
         if len(arrivals) == 0 and not any(w.queued or w.queue_s > 0 for w in workers):
             return Decision(stay, None, None, None, "no arrivals to forecast", len(moves))
         for m in moves:
-            m.objective = self.expected(m, prep, arrivals, switch_s)
+            m.objective = self.expected(m, prep, arrivals)
         splits = [m for m in moves if m.kind == ReconfigKind.SPLIT]
         merges = [m for m in moves if m.kind == ReconfigKind.MERGE]
         best_split = min(splits, key=lambda m: m.objective) if splits else None
@@ -404,8 +406,8 @@ class PredictiveModel:
             why = f"{best_split.describe()}: predicted {best_split.objective:.3f} s vs stay {stay.objective:.3f} s"
             return Decision(stay, best_split, best_merge, ReconfigKind.SPLIT, why, len(moves))
         if burst is not None and len(burst) and splits:
-            stay_b = self.score(stay, prep, burst, switch_s)
-            scored = [(self.score(m, prep, burst, switch_s), m) for m in splits]
+            stay_b = self.score(stay, prep, burst)
+            scored = [(self.score(m, prep, burst), m) for m in splits]
             obj_b, move_b = min(scored, key=lambda x: x[0])
             if obj_b < (1.0 - self.burst_split_margin) * stay_b:
                 if self.burst_full_slack is None or move_b.objective <= (1.0 + self.burst_full_slack) * stay.objective:
@@ -420,14 +422,14 @@ class PredictiveModel:
                     f" not on the span ({move_b.objective:.3f} s vs {stay.objective:.3f} s)"
                 )
                 return Decision(stay, move_b, best_merge, None, why, len(moves) + len(splits) + 1)
-            if best_merge is not None and self.score(best_merge, prep, burst, switch_s) > stay_b:
+            if best_merge is not None and self.score(best_merge, prep, burst) > stay_b:
                 # a merge must not lose on the burst forecast either
                 why = "a merge would lose at the last seconds' rate"
                 return Decision(stay, best_split, best_merge, None, why, len(moves))
         if best_merge is not None and best_merge.objective < (1.0 - self.merge_margin) * stay.objective:
             stressed = arrivals.compressed(stress)
-            best_merge.stressed = self.score(best_merge, prep, stressed, switch_s)
-            stay.stressed = self.score(stay, prep, stressed, switch_s)
+            best_merge.stressed = self.score(best_merge, prep, stressed)
+            stay.stressed = self.score(stay, prep, stressed)
             if best_merge.stressed <= stay.stressed:
                 why = (
                     f"{best_merge.describe()}: predicted {best_merge.objective:.3f} s vs stay {stay.objective:.3f} s"

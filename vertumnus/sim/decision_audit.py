@@ -190,12 +190,12 @@ def _audit_one(
     first: float,
     work_scale: float,
 ) -> AuditedDecision:
-    prep = model.prepare(job.workers)
-    scored = [(model.score(m, prep, truth, job.switch_s), m) for m in model.moves(job.ops)]
+    prep = model.prepare(job.workers, job.switch_s)
+    scored = [(model.score(m, prep, truth), m) for m in model.moves(job.ops)]
     stay_s = scored[0][0]  # moves() lists stay first
     best_s, best = min(scored, key=lambda x: x[0])  # ties: the first listed (stay)
-    acted_s = None if acted is None else model.score(acted, prep, truth, job.switch_s)
-    forecast_acted_s = None if acted is None else model.score(acted, prep, job.arrivals, job.switch_s)
+    acted_s = None if acted is None else model.score(acted, prep, truth)
+    forecast_acted_s = None if acted is None else model.score(acted, prep, job.arrivals)
     return AuditedDecision(
         age_s=job.now - first,
         window=job.report is not None,
@@ -203,7 +203,7 @@ def _audit_one(
         reason=decision.reason,
         forecast_work_s=float(job.arrivals.est[c_min].sum()) if len(job.arrivals) else 0.0,
         true_work_s=float(truth.est[c_min].sum()) * work_scale if len(truth) else 0.0,
-        forecast_stay_s=model.score(scored[0][1], prep, job.arrivals, job.switch_s),
+        forecast_stay_s=model.score(scored[0][1], prep, job.arrivals),
         forecast_acted_s=forecast_acted_s,
         true_stay_s=stay_s,
         true_acted_s=acted_s,
