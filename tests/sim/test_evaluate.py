@@ -207,6 +207,10 @@ def test_cli_evaluate_and_sweep_on_a_tiny_set(cli: Cli, tmp_path: Path) -> None:
     assert "| tiny | 6xCP4+2xCP8 |" in r2.stdout and "workloads meet every criterion" in r2.stdout
     md = (tmp_path / "ev" / "evaluation.md").read_text()
     assert "## Per phase" in md and "0 high" in md and "1 low" in md
+    # every composition across the set's workloads (one workload: the policy's ratio is its verdict's)
+    ev = json.loads((tmp_path / "ev" / "evaluation.json").read_text())["workloads"][0]["verdict"]
+    assert "## Across the workloads" in md and f"| **vertumnus** | {ev['ratio_best']:.3f} |" in md
+    assert "Across the workloads" in r2.stdout and f"| **vertumnus** | {ev['ratio_best']:.3f} |" in r2.stdout
 
 
 def test_results_section_renders_every_profile_and_skips_missing_ones(tmp_path: Path) -> None:
@@ -215,9 +219,18 @@ def test_results_section_renders_every_profile_and_skips_missing_ones(tmp_path: 
     set_path = str(_tiny_set(tmp_path))
     md = results_section(
         tmp_path / "img", tmp_path, profiles=(("calibrated", CONFIG), ("other", str(tmp_path / "absent.yaml"))),
-        set_path=set_path, tuning_path=None, sweep_keys=("theta_low=0.3",), log=lambda _: None,
+        set_path=set_path, tuning_path=set_path, sweep_keys=("theta_low=0.3",), log=lambda _: None,
     )  # fmt: skip
     assert "### Profile: calibrated" in md and "| tiny | 6xCP4+2xCP8 |" in md
+    # The tuning set here is the test set itself: its fixed pick is the one workload's best fixed composition,
+    # at 1.000 on both sets (the same runs).
+    best = next(line for line in md.splitlines() if line.startswith("| tiny | 6xCP4+2xCP8 |")).split(" | ")[4]
+    best_name = best.split()[0]
+    assert f"| {best_name} (picked on the tuning set) | 1.000 | 1.000 (tiny) | 1/1 |" in md
+    assert (
+        f"picks (`{set_path}`: lowest geometric mean" in md
+        and f"is {best_name}; on these workloads it stands at 1.000" in md
+    )
     assert f"Skipped: `{tmp_path / 'absent.yaml'}` does not exist" in md
     assert "![test-set verdict against each controller threshold](img/eval_sensitivity.png)" in md
     assert (tmp_path / "img" / "eval_sensitivity.png").is_file() and "| controller.theta_low | 0.3 |" in md

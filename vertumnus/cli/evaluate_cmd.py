@@ -76,7 +76,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         if sys.stdout.isatty():
             print_table(res)
         else:  # pipes and files get the markdown
-            from vertumnus.sim.eval_report import markdown_summary
+            from vertumnus.sim.eval_report import markdown_standings, markdown_summary
 
             typer.echo(markdown_summary(res), nl=False)
+            typer.echo("\nAcross the workloads (mean TTFT ÷ each workload's best fixed composition):\n")
+            typer.echo(markdown_standings(res), nl=False)
         typer.echo(f"wrote {', '.join(str(x) for x in paths)} ({time.perf_counter() - t0:.0f} s)")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from vertumnus.sim.evaluate import MEAN_VS_BEST, MEAN_VS_START, EvalResult, WorkloadResult
+from vertumnus.sim.fixed_pick import Standing, TuningPick, result_standings
 
 FLAG_TITLES = {
     "mean<=best": f"mean ≤ {MEAN_VS_BEST:.2f}× best",
@@ -89,6 +90,43 @@ def markdown_fixed(res: EvalResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+def markdown_standings(res: EvalResult, tuned: TuningPick | None = None) -> str:
+    """The policy and every fixed composition across the workloads (:mod:`vertumnus.sim.fixed_pick`), and — with
+    ``tuned`` — the policy against the fixed composition a search on the tuning set picks."""
+    rows = result_standings(res)
+    lines = ["| across the workloads | geomean ÷ best fixed | worst ÷ best fixed (workload) | at or below best fixed |",
+             "|---|---:|---:|---:|"]  # fmt: skip
+    for s in rows:
+        name = f"**{s.name}**" if s.name == res.policy else s.name
+        if tuned is not None and s.name == tuned.chosen.name:
+            name += " (picked on the tuning set)"
+        lines.append(
+            f"| {name} | {_r(s.geomean)} | {_r(s.worst)} ({s.worst_workload}) | {s.at_best}/{len(res.workloads)} |"
+        )
+    out = "\n".join(lines) + "\n"
+    if tuned is not None:
+        out += "\n" + tuned_text(rows[0], next(s for s in rows if s.name == tuned.chosen.name), tuned) + "\n"
+    return out
+
+
+def tuned_text(policy: Standing, fixed: Standing, tuned: TuningPick) -> str:
+    """One sentence: the policy against the tuning set's fixed pick, on this (test) set."""
+    c = tuned.chosen
+    if policy.beats(fixed):
+        verdict = "lower on both: adaptivity pays against it here"
+    elif policy.geomean < fixed.geomean or policy.worst < fixed.worst:
+        which = "geometric mean" if policy.geomean < fixed.geomean else "worst workload"
+        verdict = f"lower on the {which} only: adaptivity does not clearly pay against it here"
+    else:
+        verdict = "lower on neither: adaptivity does not pay against it here"
+    return (
+        f"The fixed composition a search on the tuning set picks (`{tuned.set_source}`: lowest geometric mean of "
+        f"mean TTFT ÷ best fixed over its workloads, {_r(c.geomean)}, worst {_r(c.worst)}) is {c.name}; on these "
+        f"workloads it stands at {_r(fixed.geomean)} (worst {_r(fixed.worst)}), {policy.name} at "
+        f"{_r(policy.geomean)} (worst {_r(policy.worst)}) — {verdict}."
+    )
+
+
 def _streams_of(w: WorkloadResult) -> int:
     return int(w.policy.summary.get("replicates", 1))
 
@@ -132,7 +170,7 @@ def markdown_report(res: EvalResult, title: str | None = None) -> str:
            f"Set `{res.set_source}`, config `{res.config}` (cost profile: {res.profile})"
            + (f", overrides {dict(res.overrides)}" if res.overrides else "") + ".\n",
            markdown_summary(res), "## Every fixed composition (whole-run mean TTFT, s; best in bold)\n",
-           markdown_fixed(res), "## Per phase\n"]  # fmt: skip
+           markdown_fixed(res), "## Across the workloads\n", markdown_standings(res), "## Per phase\n"]  # fmt: skip
     for w in res.workloads:
         out.append(f"### {workload_heading(w)}\n")
         out.append(markdown_phases(w, res.policy))
@@ -163,6 +201,13 @@ def print_table(res: EvalResult) -> None:
     console = Console()
     console.print(t)
     console.print(verdict_line(res))
+    across = Table(title="across the workloads: mean TTFT ÷ best fixed")
+    for h in ("", "geomean", "worst (workload)", "at or below best fixed"):
+        across.add_column(h, justify="left" if not h else "right")
+    for s in result_standings(res):
+        n = len(res.workloads)
+        across.add_row(s.name, _r(s.geomean), f"{_r(s.worst)} ({s.worst_workload})", f"{s.at_best}/{n}")
+    console.print(across)
 
 
 def _prescient_text(res: EvalResult) -> str:

@@ -20,12 +20,14 @@ from vertumnus.sim.eval_report import (
     img_link,
     markdown_fixed,
     markdown_phases,
+    markdown_standings,
     markdown_summary,
     sensitivity_table,
     workload_facts,
 )
 from vertumnus.sim.eval_set import EvalSet, load_eval_set
 from vertumnus.sim.evaluate import EvalResult, evaluate
+from vertumnus.sim.fixed_pick import TuningPick, tuning_pick
 from vertumnus.sim.inputs import resolve
 from vertumnus.sim.protocol import __doc__ as PROTOCOL_DOC
 from vertumnus.sim.sensitivity import parse_sweep, plot_sweep, sweep
@@ -83,9 +85,19 @@ def protocol_text(test: EvalSet, tuning: EvalSet | None) -> str:
     return "\n".join(out) + "\n"
 
 
-def profile_text(label: str, config: str, res: EvalResult) -> str:
+STANDINGS_TEXT = (
+    "Across the workloads (the best fixed composition in hindsight is a different one on different workloads; "
+    "an operator without the controller runs one fixed composition chosen beforehand): each one's geometric mean "
+    "and worst of mean TTFT ÷ the workload's best fixed composition.\n"
+)
+
+
+def profile_text(label: str, config: str, res: EvalResult, tuned: TuningPick | None = None) -> str:
+    """One profile's subsection: the verdict table, every fixed composition, the standings across the workloads
+    (against the tuning set's fixed pick, where given) and the per-phase tables."""
     out = [f"### Profile: {label} (`{config}`, {res.profile})\n", markdown_summary(res),
            "Whole-run mean TTFT (s) of every fixed composition, best in bold:\n", markdown_fixed(res),
+           STANDINGS_TEXT, markdown_standings(res, tuned),
            "<details><summary>Per phase: the policy against each phase's best fixed one</summary>\n"]  # fmt: skip
     for w in res.workloads:
         out.append(f"**{w.name}** {workload_facts(w)}\n")
@@ -118,6 +130,7 @@ def results_section(
             out.append(f"### Profile: {label}\n\nSkipped: `{config}` does not exist in this checkout.\n")
             continue
         t0 = time.perf_counter()
+        tuned = tuning_pick(tuning.source, config, jobs=jobs) if tuning is not None else None
         if first and (sweep_keys is None or len(sweep_keys) > 0):
             from vertumnus.sim.evaluate import plan
 
@@ -126,7 +139,7 @@ def results_section(
             grid = parse_sweep(list(keys), cfg, SWEEP_FLOAT_STEPS, SWEEP_INT_STEPS)
             sw = sweep(set_path, config, grid, policy, jobs=jobs)
             res = sw.base
-            out.append(profile_text(label, config, res))
+            out.append(profile_text(label, config, res, tuned))
             fig = plot_sweep(sw.points, img_dir / "eval_sensitivity.png",
                              f"{policy} on the test set ({label} profile): one threshold varied at a time")  # fmt: skip
             out.append(
@@ -138,7 +151,7 @@ def results_section(
             out.append(sensitivity_table(sw.points))
         else:
             res = evaluate(set_path, config, policy, jobs=jobs)
-            out.append(profile_text(label, config, res))
+            out.append(profile_text(label, config, res, tuned))
         first = False
         log(f"  test set under {label}: {len(res.workloads)} workloads, {time.perf_counter() - t0:.0f} s")
     # The section can be regenerated on its own, so it states when and where its figures were measured.
