@@ -57,7 +57,7 @@ results: setup
 
 # Out-of-sample test set (issue 16): Vertumnus against every fixed composition; JOBS=N runs N simulations at once.
 evaluate: setup
-	$(BIN)/vertumnus evaluate --set configs/eval/test.yaml --config configs/sim-40gpu.yaml --jobs $(or $(JOBS),1) --out runs/evaluate
+	$(BIN)/vertumnus evaluate --set configs/eval/test.yaml --tuning-set configs/eval/tuning.yaml --config configs/sim-40gpu.yaml --jobs $(or $(JOBS),1) --out runs/evaluate
 
 # Cache-manager ablation on the hot-prefix test set only (issue 17): rewrites its section of docs/results.md.
 cache-ablation: setup

@@ -171,6 +171,10 @@ def test_cli_errors_are_clear(cli: Cli, tmp_path: Path) -> None:
     _fails_cleanly(cli("evaluate", "--set", ok, "--config", str(tmp_path / "none.yaml")), "none.yaml")
     _fails_cleanly(cli("evaluate", "--set", ok, "--sweep", "theta_up=a,b"), "bad --sweep")
     _fails_cleanly(cli("evaluate", "--set", ok, "--sweep", "no_such_knob=1"), "unknown config key")
+    _fails_cleanly(
+        cli("evaluate", "--set", ok, "--tuning-set", str(tmp_path / "nope.yaml")), "evaluation set not found"
+    )
+    _fails_cleanly(cli("evaluate", "--set", ok, "--tuning-set", ok, "--sweep", "theta_low=0.3"), "not with --sweep")
     data = yaml.safe_load(Path(ok).read_text())
     data["traces"]["excerpt"] = str(tmp_path / "missing.jsonl")
     (tmp_path / "missing.yaml").write_text(yaml.safe_dump(data))
@@ -202,7 +206,7 @@ def test_cli_evaluate_and_sweep_on_a_tiny_set(cli: Cli, tmp_path: Path) -> None:
     base = json.loads((out / "evaluation.json").read_text())
     assert points[1]["ratio_best"] == pytest.approx(base["geomean_ratio_best"])
     assert math.isfinite(points[0]["ratio_best"]) and (out / "sensitivity.png").stat().st_size > 0
-    r2 = cli("evaluate", "--set", set_path, "--out", str(tmp_path / "ev"), "--no-progress")
+    r2 = cli("evaluate", "--set", set_path, "--tuning-set", set_path, "--out", str(tmp_path / "ev"), "--no-progress")
     assert r2.returncode == 0, r2.stderr
     assert "| tiny | 6xCP4+2xCP8 |" in r2.stdout and "workloads meet every criterion" in r2.stdout
     md = (tmp_path / "ev" / "evaluation.md").read_text()
@@ -211,6 +215,12 @@ def test_cli_evaluate_and_sweep_on_a_tiny_set(cli: Cli, tmp_path: Path) -> None:
     ev = json.loads((tmp_path / "ev" / "evaluation.json").read_text())["workloads"][0]["verdict"]
     assert "## Across the workloads" in md and f"| **vertumnus** | {ev['ratio_best']:.3f} |" in md
     assert "Across the workloads" in r2.stdout and f"| **vertumnus** | {ev['ratio_best']:.3f} |" in r2.stdout
+    # the tuning set is the set itself here: its fixed pick is the workload's best fixed composition, at 1.000
+    js = json.loads((tmp_path / "ev" / "evaluation.json").read_text())
+    assert js["tuning_pick"]["chosen"]["name"] == ev["best_fixed"] and js["tuning_pick"]["chosen"]["geomean"] == 1.0
+    assert [s["name"] for s in js["standings"]][:2] == ["vertumnus", "10xCP4"]
+    assert f"| {ev['best_fixed']} (picked on the tuning set) | 1.000 | 1.000 (tiny) | 1/1 |" in md
+    assert f"is {ev['best_fixed']}; on these workloads it stands at 1.000" in r2.stdout
 
 
 def test_results_section_renders_every_profile_and_skips_missing_ones(tmp_path: Path) -> None:

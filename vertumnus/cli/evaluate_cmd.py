@@ -37,6 +37,12 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             [], "--sweep", help="Sensitivity: KEY=V1,V2 (controller key unless dotted), a bare KEY, or 'auto'."
         ),
         plot: Path | None = typer.Option(None, "--plot", help="Sensitivity plot path (default OUT/sensitivity.png)."),
+        tuning_set: str | None = typer.Option(
+            None,
+            "--tuning-set",
+            help="Also run every fixed composition on this set, pick the one a search there would choose (lowest "
+            "geometric mean of mean TTFT ÷ best fixed) and set the policy against it on --set.",
+        ),
         out: Path = typer.Option(Path("runs/evaluate"), "--out", "-o", help=OUT_DIR_HELP),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on stderr."),
     ) -> None:
@@ -53,6 +59,10 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
                 what += f" stream {task.replicate}" if task.replicate else ""
                 typer.echo(f"  [{done}/{total}] {task.workload}: {what} ({time.perf_counter() - t0:.0f} s)", err=True)
 
+        if sweep and tuning_set:
+            raise ValueError("--tuning-set goes with an evaluation, not with --sweep")
+        if tuning_set:
+            plan(tuning_set, config, policy, None, None, replicates)  # a set that cannot run fails before any run
         if sweep:
             import json
 
@@ -72,13 +82,18 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             typer.echo(f"wrote {', '.join(str(x) for x in paths)}, {out}/sensitivity.json, {fig}")
             return
         res = evaluate(set_path, config, policy, start, jobs, workload or None, tick, replicates)
-        paths = write_outputs(res, out)
+        tuned = None
+        if tuning_set:
+            from vertumnus.sim.fixed_pick import tuning_pick
+
+            tuned = tuning_pick(tuning_set, config, jobs, tick, replicates)
+        paths = write_outputs(res, out, tuned)
         if sys.stdout.isatty():
-            print_table(res)
+            print_table(res, tuned)
         else:  # pipes and files get the markdown
             from vertumnus.sim.eval_report import markdown_standings, markdown_summary
 
             typer.echo(markdown_summary(res), nl=False)
             typer.echo("\nAcross the workloads (mean TTFT ÷ each workload's best fixed composition):\n")
-            typer.echo(markdown_standings(res), nl=False)
+            typer.echo(markdown_standings(res, tuned), nl=False)
         typer.echo(f"wrote {', '.join(str(x) for x in paths)} ({time.perf_counter() - t0:.0f} s)")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from vertumnus.sim.evaluate import MEAN_VS_BEST, MEAN_VS_START, EvalResult, WorkloadResult
-from vertumnus.sim.fixed_pick import Standing, TuningPick, result_standings
+from vertumnus.sim.fixed_pick import Standing, TuningPick, result_standings, standings_json
 
 FLAG_TITLES = {
     "mean<=best": f"mean ≤ {MEAN_VS_BEST:.2f}× best",
@@ -164,29 +164,30 @@ def markdown_phases(w: WorkloadResult, policy: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def markdown_report(res: EvalResult, title: str | None = None) -> str:
+def markdown_report(res: EvalResult, title: str | None = None, tuned: TuningPick | None = None) -> str:
     """A self-contained markdown report of one evaluation (``vertumnus evaluate --out``)."""
     out = [f"# {title or f'Evaluation of {res.policy} on set {res.set_name!r}'}\n",
            f"Set `{res.set_source}`, config `{res.config}` (cost profile: {res.profile})"
            + (f", overrides {dict(res.overrides)}" if res.overrides else "") + ".\n",
            markdown_summary(res), "## Every fixed composition (whole-run mean TTFT, s; best in bold)\n",
-           markdown_fixed(res), "## Across the workloads\n", markdown_standings(res), "## Per phase\n"]  # fmt: skip
+           markdown_fixed(res), "## Across the workloads\n", markdown_standings(res, tuned),
+           "## Per phase\n"]  # fmt: skip
     for w in res.workloads:
         out.append(f"### {workload_heading(w)}\n")
         out.append(markdown_phases(w, res.policy))
     return "\n".join(out)
 
 
-def write_outputs(res: EvalResult, out: Path) -> list[Path]:
-    """``out/evaluation.json`` and ``out/evaluation.md``."""
+def write_outputs(res: EvalResult, out: Path, tuned: TuningPick | None = None) -> list[Path]:
+    """``out/evaluation.json`` and ``out/evaluation.md`` (with the tuning set's fixed pick, where given)."""
     out.mkdir(parents=True, exist_ok=True)
     js, md = out / "evaluation.json", out / "evaluation.md"
-    js.write_text(json.dumps(res.to_json(), indent=1) + "\n")
-    md.write_text(markdown_report(res))
+    js.write_text(json.dumps({**res.to_json(), **standings_json(res, tuned)}, indent=1) + "\n")
+    md.write_text(markdown_report(res, tuned=tuned))
     return [js, md]
 
 
-def print_table(res: EvalResult) -> None:
+def print_table(res: EvalResult, tuned: TuningPick | None = None) -> None:
     """The per-workload table on the terminal (rich)."""
     from rich.console import Console
     from rich.table import Table
@@ -206,8 +207,12 @@ def print_table(res: EvalResult) -> None:
         across.add_column(h, justify="left" if not h else "right")
     for s in result_standings(res):
         n = len(res.workloads)
-        across.add_row(s.name, _r(s.geomean), f"{_r(s.worst)} ({s.worst_workload})", f"{s.at_best}/{n}")
+        name = f"{s.name} (picked on the tuning set)" if tuned is not None and s.name == tuned.chosen.name else s.name
+        across.add_row(name, _r(s.geomean), f"{_r(s.worst)} ({s.worst_workload})", f"{s.at_best}/{n}")
     console.print(across)
+    if tuned is not None:
+        rows = result_standings(res)
+        console.print(tuned_text(rows[0], next(s for s in rows if s.name == tuned.chosen.name), tuned))
 
 
 def _prescient_text(res: EvalResult) -> str:

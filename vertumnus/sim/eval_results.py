@@ -1,8 +1,9 @@
 """The out-of-sample section of docs/results.md (``make results``): the test set under every bundled profile.
 
 :func:`results_section` runs the evaluation of ``configs/eval/test.yaml`` under each profile's config (a config
-that does not exist yet is skipped with a note), the sensitivity sweep under the first profile, and renders the
-markdown. Every figure comes from the runs.
+that does not exist yet is skipped with a note), the sensitivity sweep under the first profile, the fixed
+compositions of the tuning set (the fixed composition a search there picks, :mod:`vertumnus.sim.fixed_pick`), and
+renders the markdown. Every figure comes from the runs.
 """
 
 from __future__ import annotations

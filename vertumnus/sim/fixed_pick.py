@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from vertumnus.sim.evaluate import EvalResult, Task, fixed_tasks, merge_replicates, plan, run_tasks
 
@@ -101,10 +101,12 @@ def tuning_pick(
     config: str,
     jobs: int = 1,
     progress: Callable[[int, int, Task], None] | None = None,
+    replicates: int | None = None,
 ) -> TuningPick:
     """Run every fixed composition on every workload of the (tuning) set under ``config`` and pick one
-    (:func:`pick`). No controller runs: the choice reads the fixed compositions only."""
-    p = plan(set_path, config, "vertumnus")
+    (:func:`pick`). No controller runs: the choice reads the fixed compositions only. ``replicates``: request
+    streams per run instead of the set's. ValueError on a set or config that cannot run (before any run)."""
+    p = plan(set_path, config, "vertumnus", replicates=replicates)
     tasks = fixed_tasks(p, set_path, config)
     merged = merge_replicates(dict(zip(tasks, run_tasks(tasks, jobs, progress), strict=True)))
     means: dict[str, dict[str, float]] = {}
@@ -112,3 +114,20 @@ def tuning_pick(
         means.setdefault(t.workload, {})[t.composition] = d.mean
     fixed = standings(means, p.compositions)
     return TuningPick(p.eval_set.source, pick(fixed), fixed)
+
+
+def standings_json(res: EvalResult, tuned: TuningPick | None = None) -> dict[str, object]:
+    """The standings (and the tuning set's pick, where given) for ``evaluation.json``; infinities as None."""
+
+    def one(s: Standing) -> dict[str, object]:
+        fin = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in asdict(s).items()}
+        return fin
+
+    out: dict[str, object] = {"standings": [one(s) for s in result_standings(res)]}
+    if tuned is not None:
+        out["tuning_pick"] = {
+            "set": tuned.set_source,
+            "chosen": one(tuned.chosen),
+            "fixed": [one(s) for s in tuned.fixed],
+        }
+    return out
