@@ -120,8 +120,7 @@ def standings_json(res: EvalResult, tuned: TuningPick | None = None) -> dict[str
     """The standings (and the tuning set's pick, where given) for ``evaluation.json``; infinities as None."""
 
     def one(s: Standing) -> dict[str, object]:
-        fin = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in asdict(s).items()}
-        return fin
+        return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in asdict(s).items()}
 
     out: dict[str, object] = {"standings": [one(s) for s in result_standings(res)]}
     if tuned is not None:
