@@ -97,16 +97,24 @@ def markdown_standings(res: EvalResult, tuned: TuningPick | None = None) -> str:
     lines = ["| across the workloads | geomean ÷ best fixed | worst ÷ best fixed (workload) | at or below best fixed |",
              "|---|---:|---:|---:|"]  # fmt: skip
     for s in rows:
-        name = f"**{s.name}**" if s.name == res.policy else s.name
-        if tuned is not None and s.name == tuned.chosen.name:
-            name += " (picked on the tuning set)"
+        name = _standing_name(s, tuned)
+        name = f"**{name}**" if s.name == res.policy else name
         lines.append(
             f"| {name} | {_r(s.geomean)} | {_r(s.worst)} ({s.worst_workload}) | {s.at_best}/{len(res.workloads)} |"
         )
     out = "\n".join(lines) + "\n"
     if tuned is not None:
-        out += "\n" + tuned_text(rows[0], next(s for s in rows if s.name == tuned.chosen.name), tuned) + "\n"
+        out += "\n" + _pick_text(rows, tuned) + "\n"
     return out
+
+
+def _standing_name(s: Standing, tuned: TuningPick | None) -> str:
+    return f"{s.name} (picked on the tuning set)" if tuned is not None and s.name == tuned.chosen.name else s.name
+
+
+def _pick_text(rows: Sequence[Standing], tuned: TuningPick) -> str:
+    """:func:`tuned_text` for :func:`result_standings` rows (the policy first, the pick among the fixed ones)."""
+    return tuned_text(rows[0], next(s for s in rows if s.name == tuned.chosen.name), tuned)
 
 
 def tuned_text(policy: Standing, fixed: Standing, tuned: TuningPick) -> str:
@@ -205,14 +213,15 @@ def print_table(res: EvalResult, tuned: TuningPick | None = None) -> None:
     across = Table(title="across the workloads: mean TTFT ÷ best fixed")
     for h in ("", "geomean", "worst (workload)", "at or below best fixed"):
         across.add_column(h, justify="left" if not h else "right")
-    for s in result_standings(res):
+    rows = result_standings(res)
+    for s in rows:
         n = len(res.workloads)
-        name = f"{s.name} (picked on the tuning set)" if tuned is not None and s.name == tuned.chosen.name else s.name
-        across.add_row(name, _r(s.geomean), f"{_r(s.worst)} ({s.worst_workload})", f"{s.at_best}/{n}")
+        across.add_row(
+            _standing_name(s, tuned), _r(s.geomean), f"{_r(s.worst)} ({s.worst_workload})", f"{s.at_best}/{n}"
+        )
     console.print(across)
     if tuned is not None:
-        rows = result_standings(res)
-        console.print(tuned_text(rows[0], next(s for s in rows if s.name == tuned.chosen.name), tuned))
+        console.print(_pick_text(rows, tuned))
 
 
 def _prescient_text(res: EvalResult) -> str:
