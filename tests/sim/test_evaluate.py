@@ -14,9 +14,18 @@ import yaml
 
 from vertumnus.cli.main import main
 from vertumnus.config import parse_composition
-from vertumnus.sim.eval_report import markdown_phases, markdown_summary, workload_heading
+from vertumnus.sim.eval_report import HEAD, markdown_phases, markdown_summary, row, verdict_line, workload_heading
 from vertumnus.sim.eval_set import load_eval_set
-from vertumnus.sim.evaluate import STATIC, EvalResult, RunDigest, all_compositions, derive, evaluate, mean_digest
+from vertumnus.sim.evaluate import (
+    STATIC,
+    EvalResult,
+    RunDigest,
+    WorkloadResult,
+    all_compositions,
+    derive,
+    evaluate,
+    mean_digest,
+)
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.phase_stats import phase_summaries
 from vertumnus.sim.prescient import PrescientSteer
@@ -287,8 +296,36 @@ def test_mean_digest_averages_figures_and_sums_counts() -> None:
     assert m.phases == [{"requests": 13, "mean_ttft_s": pytest.approx(0.15)},
                         {"requests": 9, "mean_ttft_s": pytest.approx(0.4)}]  # fmt: skip
     assert mean_digest([a]).summary == {**a.summary, "replicates": 1}
+    # each stream's own mean is kept, in order, for the paired per-stream ratios
+    assert m.stream_means == (0.2, 0.4) and m.per_stream == (0.2, 0.4) and a.per_stream == (0.2,)
     with pytest.raises(ValueError, match="at least one"):
         mean_digest([])
+
+
+def test_per_stream_ratios_pair_each_stream_with_the_same_stream_of_the_best_fixed() -> None:
+    def runs(*means: float) -> RunDigest:
+        return mean_digest([_digest(m, 1.0, 1.0, [m, m]) for m in means])
+
+    # B is best on the means (0.9 < 1.0) though A is lower on stream 1: the ratios pair with B's streams
+    fixed = {"A": runs(1.2, 0.8), "B": runs(0.85, 0.95)}
+    v = derive(runs(0.85, 1.045), fixed, "A")
+    assert v.best_fixed == "B" and v.ratio_best == pytest.approx(0.9475 / 0.9)
+    assert v.stream_ratios == pytest.approx((1.0, 1.1))
+    w = derive(runs(0.9, 0.95), {"A": runs(1.0, 1.0), "B": runs(1.0, 1.0)}, "A")
+    res = EvalResult("s", "s.yaml", "c.yaml", "p", "pol", (), replicates=2)
+    for name, verdict in (("w1", v), ("w2", w)):
+        res.workloads.append(WorkloadResult(name, "steady", "A", 1, 1.0, [], runs(1, 1), fixed, verdict))
+    assert res.stream_geomeans() == pytest.approx((math.sqrt(0.9), math.sqrt(1.1 * 0.95)))
+    line = verdict_line(res)
+    assert f"(per request stream: {math.sqrt(0.9):.3f} / {math.sqrt(1.1 * 0.95):.3f})" in line
+    assert row(res.workloads[0])[HEAD.index("÷best per stream")] == "1.000–1.100"
+    assert res.to_json()["geomean_ratio_best_per_stream"] == pytest.approx(list(res.stream_geomeans()))
+    # one stream: no spread to show; streams of different counts: no pairing
+    one = {"A": _digest(0.9, 1, 1, [1, 1])}
+    single = derive(_digest(0.99, 1, 1, [1, 1]), one, "A")
+    assert single.stream_ratios == pytest.approx((1.1,))
+    assert row(WorkloadResult("x", "s", "A", 1, 1.0, [], runs(1), one, single))[HEAD.index("÷best per stream")] == "–"
+    assert derive(runs(1, 1), {"A": runs(1, 1, 1)}, "A").stream_ratios == ()
 
 
 def test_replicates_run_every_composition_on_the_same_streams_and_report_means(cli: Cli, tmp_path: Path) -> None:
@@ -333,6 +370,12 @@ def test_replicates_run_every_composition_on_the_same_streams_and_report_means(c
     pol = [run_policy(g.requests, cfg, cost, "vertumnus", "6xCP4+2xCP8") for g in gens]
     assert w.policy.mean == pytest.approx(sum(p.summary["mean_ttft_s"] for p in pol) / 2)
     assert w.verdict.ratio_start == pytest.approx(w.policy.mean / start.mean)
+    # the paired per-stream ratios: the policy's run on stream k ÷ the best fixed composition's run on stream k
+    best = [run_policy(g.requests, cfg, cost, STATIC, w.verdict.best_fixed) for g in gens]
+    assert w.verdict.stream_ratios == pytest.approx(
+        tuple(a.summary["mean_ttft_s"] / b.summary["mean_ttft_s"] for a, b in zip(pol, best, strict=True))
+    )
+    assert res.stream_geomeans() == pytest.approx(w.verdict.stream_ratios)
     # --replicates overrides the set's count: one stream is stream 0 alone
     out = tmp_path / "one"
     r = cli("evaluate", "--set", str(set_path), "--replicates", "1", "--out", str(out), "--no-progress")

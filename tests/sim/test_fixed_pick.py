@@ -11,8 +11,8 @@ import yaml
 
 from vertumnus.sim.eval_report import tuned_text
 from vertumnus.sim.eval_set import load_eval_set
-from vertumnus.sim.evaluate import STATIC, all_compositions
-from vertumnus.sim.fixed_pick import Standing, TuningPick, pick, standings, tuning_pick
+from vertumnus.sim.evaluate import STATIC, EvalResult, RunDigest, WorkloadResult, all_compositions, derive, mean_digest
+from vertumnus.sim.fixed_pick import Standing, TuningPick, pick, standings, stream_ratios_to, tuning_pick
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.runner import run_policy
 
@@ -53,6 +53,27 @@ def test_the_verdict_against_the_pick_needs_both_figures_lower() -> None:
     assert "lower on the geometric mean only: adaptivity does not clearly pay" in one
     neither = tuned_text(Standing("vertumnus", 1.027, 1.098, "z", 1), fixed, tuned)
     assert "lower on neither: adaptivity does not pay" in neither
+    assert "per request stream" not in neither  # one stream (or none given): nothing paired to show
+    paired = tuned_text(Standing("vertumnus", 1.027, 1.098, "z", 1), fixed, tuned, (0.99, 1.012, 1.03))
+    assert "vertumnus's mean TTFT ÷ 6xCP4+2xCP8's is 0.990 / 1.012 / 1.030 (below 1 on 1 of 3 streams)" in paired
+
+
+def test_paired_ratios_to_a_fixed_composition_per_stream() -> None:
+    def runs(*means: float) -> RunDigest:
+        return mean_digest([RunDigest("x", "c", {"mean_ttft_s": m}, []) for m in means])
+
+    res = EvalResult("s", "s.yaml", "c.yaml", "p", "pol", (), replicates=2)
+    for name, pol, a, b in (("w1", (1.0, 2.0), (0.5, 2.0), (1.0, 1.0)), ("w2", (2.0, 1.0), (1.0, 4.0), (9, 9))):
+        fixed = {"A": runs(*a), "B": runs(*b)}
+        v = derive(runs(*pol), fixed, "A")
+        res.workloads.append(WorkloadResult(name, "steady", "A", 1, 1.0, [], runs(*pol), fixed, v))
+    # stream 0: 1.0/0.5 and 2.0/1.0 -> 2; stream 1: 2.0/2.0 and 1.0/4.0 -> sqrt(0.25) = 0.5
+    assert stream_ratios_to(res, "A") == pytest.approx((2.0, 0.5))
+    assert stream_ratios_to(res, "B") == pytest.approx((math.sqrt(2 / 9), math.sqrt(2 / 9)))
+    single = EvalResult("s", "s.yaml", "c.yaml", "p", "pol", ())
+    one = {"A": runs(1.0)}
+    single.workloads.append(WorkloadResult("w", "steady", "A", 1, 1.0, [], runs(1.0), one, derive(runs(1.0), one, "A")))
+    assert stream_ratios_to(single, "A") == ()
 
 
 def test_tuning_pick_runs_every_fixed_composition_of_the_set(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from vertumnus.sim.evaluate import MEAN_VS_BEST, MEAN_VS_START, EvalResult, WorkloadResult
-from vertumnus.sim.fixed_pick import Standing, TuningPick, result_standings, standings_json
+from vertumnus.sim.fixed_pick import Standing, TuningPick, result_standings, standings_json, stream_ratios_to
 
 FLAG_TITLES = {
     "mean<=best": f"mean ≤ {MEAN_VS_BEST:.2f}× best",
@@ -19,8 +19,8 @@ FLAG_TITLES = {
     "slo>=best": "SLO ≥ best's",
     "lost==0": "0 lost",
 }
-HEAD = ("workload", "start", "mean", "reconf.", "best fixed", "÷best", "start fixed", "÷start", "oracle",
-        "÷oracle", "prescient ÷best", "P90 / best's", "SLO att. / best's", "lost", "done")  # fmt: skip
+HEAD = ("workload", "start", "mean", "reconf.", "best fixed", "÷best", "÷best per stream", "start fixed", "÷start",
+        "oracle", "÷oracle", "prescient ÷best", "P90 / best's", "SLO att. / best's", "lost", "done")  # fmt: skip
 
 
 def _s(x: float | None) -> str:
@@ -46,13 +46,21 @@ def _count(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
 
 
+def stream_range(ratios: Sequence[float]) -> str:
+    """``lo–hi`` of per-stream ratios ("–" with fewer than two streams)."""
+    if len(ratios) < 2:
+        return "–"
+    return f"{_r(min(ratios))}–{_r(max(ratios))}"
+
+
 def row(w: WorkloadResult) -> list[str]:
     """One workload's cells of :data:`HEAD`."""
     v, p = w.verdict, w.policy
     best = w.fixed[v.best_fixed]
     return [
         w.name, w.start, _s(p.mean), _count(p.summary.get("reconfigurations") or 0),
-        f"{v.best_fixed} {_s(v.best_mean)}", _r(v.ratio_best), _s(v.start_mean), _r(v.ratio_start),
+        f"{v.best_fixed} {_s(v.best_mean)}", _r(v.ratio_best), stream_range(v.stream_ratios), _s(v.start_mean),
+        _r(v.ratio_start),
         _s(v.oracle_mean), _r(v.ratio_oracle), _r(v.prescient_ratio), f"{_s(p.p90)} / {_s(best.p90)}",
         f"{_pct(p.slo)} / {_pct(best.slo)}",
         str(p.lost), _done(w),
@@ -62,10 +70,12 @@ def row(w: WorkloadResult) -> list[str]:
 def verdict_line(res: EvalResult) -> str:
     """One sentence: how many workloads meet every criterion, geometric-mean ratios."""
     n = len(res.workloads)
+    per = res.stream_geomeans()
+    spread = f" (per request stream: {' / '.join(_r(g) for g in per)})" if len(per) > 1 else ""
     return (
         f"{res.passed}/{n} workloads meet every criterion; geometric mean over the workloads of mean TTFT ÷ best "
-        f"fixed {_r(res.geomean('ratio_best'))}, ÷ start held fixed {_r(res.geomean('ratio_start'))}, ÷ per-phase "
-        f"oracle {_r(res.geomean('ratio_oracle'))}."
+        f"fixed {_r(res.geomean('ratio_best'))}{spread}, ÷ start held fixed {_r(res.geomean('ratio_start'))}, "
+        f"÷ per-phase oracle {_r(res.geomean('ratio_oracle'))}."
         + _prescient_text(res)
         + (f" Every figure is the mean over {res.replicates} request streams per run." if res.replicates > 1 else "")
     )
@@ -104,7 +114,7 @@ def markdown_standings(res: EvalResult, tuned: TuningPick | None = None) -> str:
         )
     out = "\n".join(lines) + "\n"
     if tuned is not None:
-        out += "\n" + _pick_text(rows, tuned) + "\n"
+        out += "\n" + _pick_text(res, rows, tuned) + "\n"
     return out
 
 
@@ -112,13 +122,15 @@ def _standing_name(s: Standing, tuned: TuningPick | None) -> str:
     return f"{s.name} (picked on the tuning set)" if tuned is not None and s.name == tuned.chosen.name else s.name
 
 
-def _pick_text(rows: Sequence[Standing], tuned: TuningPick) -> str:
+def _pick_text(res: EvalResult, rows: Sequence[Standing], tuned: TuningPick) -> str:
     """:func:`tuned_text` for :func:`result_standings` rows (the policy first, the pick among the fixed ones)."""
-    return tuned_text(rows[0], next(s for s in rows if s.name == tuned.chosen.name), tuned)
+    per = stream_ratios_to(res, tuned.chosen.name)
+    return tuned_text(rows[0], next(s for s in rows if s.name == tuned.chosen.name), tuned, per)
 
 
-def tuned_text(policy: Standing, fixed: Standing, tuned: TuningPick) -> str:
-    """One sentence: the policy against the tuning set's fixed pick, on this (test) set."""
+def tuned_text(policy: Standing, fixed: Standing, tuned: TuningPick, per_stream: Sequence[float] = ()) -> str:
+    """The policy against the tuning set's fixed pick, on this (test) set; ``per_stream``: the policy's mean TTFT
+    ÷ the pick's per request stream (:func:`~vertumnus.sim.fixed_pick.stream_ratios_to`), shown from two on."""
     c = tuned.chosen
     if policy.beats(fixed):
         verdict = "lower on both: adaptivity pays against it here"
@@ -131,7 +143,17 @@ def tuned_text(policy: Standing, fixed: Standing, tuned: TuningPick) -> str:
         f"The fixed composition a search on the tuning set picks (`{tuned.set_source}`: lowest geometric mean of "
         f"mean TTFT ÷ best fixed over its workloads, {_r(c.geomean)}, worst {_r(c.worst)}) is {c.name}; on these "
         f"workloads it stands at {_r(fixed.geomean)} (worst {_r(fixed.worst)}), {policy.name} at "
-        f"{_r(policy.geomean)} (worst {_r(policy.worst)}) — {verdict}."
+        f"{_r(policy.geomean)} (worst {_r(policy.worst)}) — {verdict}." + _streams_text(policy.name, c.name, per_stream)
+    )
+
+
+def _streams_text(policy: str, fixed: str, per_stream: Sequence[float]) -> str:
+    if len(per_stream) < 2:
+        return ""
+    lower = sum(r < 1 for r in per_stream)
+    return (
+        f" Paired per request stream, the geometric mean over these workloads of {policy}'s mean TTFT ÷ "
+        f"{fixed}'s is {' / '.join(_r(r) for r in per_stream)} (below 1 on {lower} of {len(per_stream)} streams)."
     )
 
 
@@ -221,7 +243,7 @@ def print_table(res: EvalResult, tuned: TuningPick | None = None) -> None:
         )
     console.print(across)
     if tuned is not None:
-        console.print(_pick_text(rows, tuned))
+        console.print(_pick_text(res, rows, tuned))
 
 
 def _prescient_text(res: EvalResult) -> str:
@@ -254,7 +276,9 @@ def columns_text(policy: str) -> str:
         f"Columns: `mean` is {policy}'s whole-run mean TTFT (s) from `start`; `best fixed` the fixed composition "
         "(`vertumnus-static`) with the lowest whole-run mean; `start fixed` the start composition held fixed; "
         "`oracle` the per-phase oracle (each phase's best fixed composition, request-weighted over the phases: "
-        "free switches, an idealised bound); `÷` the ratios of `mean` to those; `prescient ÷best` the prescient "
+        "free switches, an idealised bound); `÷` the ratios of `mean` to those; `÷best per stream` the lowest and "
+        "highest over the request streams of the policy's mean ÷ the best fixed composition's on the same stream "
+        "(paired: both ran those requests); `prescient ÷best` the prescient "
         "start's mean ÷ the best fixed composition's — the start composition moved at t = 0 to the best fixed one "
         "by the pool's own operations (drain, switch, cache reconciliation), then held: the start-up cost that no "
         "controller which only converges to the best fixed composition avoids (1.000 where the start is the best "

@@ -19,7 +19,10 @@ routing and cache manager). From those per-run numbers (:func:`derive`):
 Runs are independent tasks (a process pool with ``jobs`` > 1); each task regenerates its workload from the set
 file, so only small digests cross process boundaries. A set with ``replicates: R`` runs every task on R request
 streams; :func:`mean_digest` folds them into one digest per (workload, policy, composition) before anything above
-is derived, so every figure is a mean over the streams and all policies are compared on the same streams.
+is derived, so every figure is a mean over the streams and all policies are compared on the same streams. The
+digests keep each stream's whole-run mean, so the verdict also gives the ratio to the best fixed composition per
+stream (paired: the same requests on both sides) and its geometric mean over the workloads per stream — how far
+the headline figure moves from one stream to the next.
 """
 
 from __future__ import annotations
@@ -65,6 +68,13 @@ class RunDigest:
     composition: str  # the start (or fixed) composition
     summary: dict[str, Any]
     phases: list[dict[str, Any]]  # PHASE_KEYS per phase
+    # Whole-run mean TTFT of each request stream the digest folds (:func:`mean_digest`); empty for one run.
+    stream_means: tuple[float, ...] = ()
+
+    @property
+    def per_stream(self) -> tuple[float, ...]:
+        """Mean TTFT per request stream (inf: a stream that completed nothing); one run: its own mean."""
+        return self.stream_means or (self.mean,)
 
     @property
     def lost(self) -> int:
@@ -93,7 +103,8 @@ def mean_digest(runs: Sequence[RunDigest]) -> RunDigest:
 
     Each numeric figure is its mean over the runs; request counts and lost requests (rejected, failed,
     unfinished) are sums, so nothing lost on any stream disappears in a mean; a figure some run lacks (no
-    completed request) is None; text (compositions) is the first run's. ``summary["replicates"]`` = len(runs)."""
+    completed request) is None; text (compositions) is the first run's. ``summary["replicates"]`` = len(runs);
+    ``stream_means`` keeps each run's mean TTFT in order, for the per-stream (paired) ratios."""
     if not runs:
         raise ValueError("mean_digest needs at least one run")
     first = runs[0]
@@ -102,7 +113,8 @@ def mean_digest(runs: Sequence[RunDigest]) -> RunDigest:
     counts = ("requests", "completed", *LOST_KEYS)
     summary = {**mean_of_runs([r.summary for r in runs], counts), "replicates": len(runs)}
     phases = [mean_of_runs([r.phases[k] for r in runs], counts) for k in range(len(first.phases))]
-    return RunDigest(first.policy, first.composition, summary, phases)
+    streams = tuple(m for r in runs for m in r.per_stream)
+    return RunDigest(first.policy, first.composition, summary, phases, streams)
 
 
 def _num(v: Any) -> float:
@@ -144,6 +156,9 @@ class Verdict:
     flags: dict[str, bool]
     prescient_mean: float = math.nan  # the prescient start's mean TTFT (nan: not run)
     prescient_ratio: float = math.nan  # ... ÷ the best fixed composition's
+    # Per request stream k: the policy's mean TTFT on stream k ÷ the best fixed composition's (the one chosen on
+    # the means) on the same stream k — paired, since both ran the same requests. Empty: stream counts differ.
+    stream_ratios: tuple[float, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -197,9 +212,11 @@ def derive(
     if prescient is None and start == best_name:
         prescient = best  # already there: nothing to move
     pre = prescient.mean if prescient is not None else math.nan
+    ps, bs = policy.per_stream, best.per_stream
+    streams = tuple(_ratio(a, b) for a, b in zip(ps, bs, strict=True)) if len(ps) == len(bs) else ()
     return Verdict(best_name, best.mean, start, start_mean, oracle, _ratio(policy.mean, best.mean),
                    _ratio(policy.mean, start_mean), _ratio(policy.mean, oracle), phases, flags, pre,
-                   _ratio(pre, best.mean) if prescient is not None else math.nan)  # fmt: skip
+                   _ratio(pre, best.mean) if prescient is not None else math.nan, streams)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -232,10 +249,15 @@ class EvalResult:
 
     def geomean(self, attr: str) -> float:
         """Geometric mean of a verdict ratio over the workloads (``ratio_best``, ``ratio_start``, ...)."""
-        vals = [getattr(w.verdict, attr) for w in self.workloads]
-        if not vals or any(not (v > 0) or math.isinf(v) for v in vals):
-            return math.inf
-        return math.exp(sum(math.log(v) for v in vals) / len(vals))
+        return geometric_mean([getattr(w.verdict, attr) for w in self.workloads])
+
+    def stream_geomeans(self) -> tuple[float, ...]:
+        """Per request stream k, the geometric mean over the workloads of ``Verdict.stream_ratios[k]`` — the
+        spread of the headline ``geomean("ratio_best")`` across the streams; empty where a workload lacks them."""
+        per = [w.verdict.stream_ratios for w in self.workloads]
+        if not per or any(len(r) != len(per[0]) or not r for r in per):
+            return ()
+        return tuple(geometric_mean([r[k] for r in per]) for k in range(len(per[0])))
 
     @property
     def passed(self) -> int:
@@ -247,6 +269,7 @@ class EvalResult:
             "policy": self.policy, "overrides": dict(self.overrides), "replicates": self.replicates,
             "geomean_ratio_best": self.geomean("ratio_best"), "geomean_ratio_start": self.geomean("ratio_start"),
             "geomean_ratio_oracle": self.geomean("ratio_oracle"),
+            "geomean_ratio_best_per_stream": list(self.stream_geomeans()),
             "passed": self.passed, "workloads": [],
         }  # fmt: skip
         for w in self.workloads:
@@ -257,6 +280,13 @@ class EvalResult:
                 r["lost"] = sum(r["summary"].get(k) or 0 for k in LOST_KEYS)
             out["workloads"].append(d)
         return _finite(out)
+
+
+def geometric_mean(vals: Sequence[float]) -> float:
+    """Geometric mean of positive ratios; inf when there are none, or one is not positive or infinite."""
+    if not vals or any(not (v > 0) or math.isinf(v) for v in vals):
+        return math.inf
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
 
 
 def _finite(x: Any) -> Any:

@@ -20,7 +20,15 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from vertumnus.sim.evaluate import EvalResult, Task, fixed_tasks, merge_replicates, plan, run_tasks
+from vertumnus.sim.evaluate import (
+    EvalResult,
+    Task,
+    fixed_tasks,
+    geometric_mean,
+    merge_replicates,
+    plan,
+    run_tasks,
+)
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,6 +85,19 @@ def result_standings(res: EvalResult) -> list[Standing]:
     fixed = list(res.workloads[0].fixed)
     means = {w.name: {res.policy: w.policy.mean, **{c: d.mean for c, d in w.fixed.items()}} for w in res.workloads}
     return standings(means, fixed, (res.policy,))
+
+
+def stream_ratios_to(res: EvalResult, name: str) -> tuple[float, ...]:
+    """Per request stream k, the geometric mean over the workloads of the policy's mean TTFT on stream k ÷ fixed
+    composition ``name``'s on stream k (paired: the same requests). Empty with one stream, or where some run
+    lacks per-stream means of the same count. Independent of which composition is each workload's best."""
+    if not res.workloads:
+        raise ValueError("the evaluation has no workloads")
+    pairs = [(w.policy.per_stream, w.fixed[name].per_stream) for w in res.workloads]
+    n = len(pairs[0][0])
+    if n < 2 or any(len(a) != n or len(b) != n for a, b in pairs):
+        return ()
+    return tuple(geometric_mean([_ratio(a[k], b[k]) for a, b in pairs]) for k in range(n))
 
 
 def pick(fixed_standings: Sequence[Standing]) -> Standing:
