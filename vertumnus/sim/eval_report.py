@@ -59,11 +59,9 @@ def row(w: WorkloadResult) -> list[str]:
     best = w.fixed[v.best_fixed]
     return [
         w.name, w.start, _s(p.mean), _count(p.summary.get("reconfigurations") or 0),
-        f"{v.best_fixed} {_s(v.best_mean)}", _r(v.ratio_best), stream_range(v.stream_ratios), _s(v.start_mean),
-        _r(v.ratio_start),
-        _s(v.oracle_mean), _r(v.ratio_oracle), _r(v.prescient_ratio), f"{_s(p.p90)} / {_s(best.p90)}",
-        f"{_pct(p.slo)} / {_pct(best.slo)}",
-        str(p.lost), _done(w),
+        f"{v.best_fixed} {_s(v.best_mean)}", _r(v.ratio_best), stream_range(v.stream_ratios),
+        _s(v.start_mean), _r(v.ratio_start), _s(v.oracle_mean), _r(v.ratio_oracle), _r(v.prescient_ratio),
+        f"{_s(p.p90)} / {_s(best.p90)}", f"{_pct(p.slo)} / {_pct(best.slo)}", str(p.lost), _done(w),
     ]  # fmt: skip
 
 

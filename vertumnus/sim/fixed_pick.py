@@ -65,8 +65,7 @@ def standings(
     for name in (*others, *fixed):
         ratios = {w: _ratio(means[w][name], best[w]) for w in means}
         worst_w = max(ratios, key=lambda w: ratios[w])
-        logs = [math.log(r) if r > 0 else -math.inf for r in ratios.values()]
-        geo = math.exp(sum(logs) / len(logs)) if all(math.isfinite(x) for x in logs) else math.inf
+        geo = geometric_mean(list(ratios.values()))
         at_best = sum(means[w][name] <= best[w] for w in means)
         out.append(Standing(name, geo, ratios[worst_w], worst_w, at_best))
     return out
