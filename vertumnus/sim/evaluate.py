@@ -279,7 +279,7 @@ class EvalResult:
             for r in d["fixed"].values():
                 r["lost"] = sum(r["summary"].get(k) or 0 for k in LOST_KEYS)
             out["workloads"].append(d)
-        return _finite(out)
+        return json_finite(out)
 
 
 def geometric_mean(vals: Sequence[float]) -> float:
@@ -289,14 +289,14 @@ def geometric_mean(vals: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
 
 
-def _finite(x: Any) -> Any:
-    """JSON has no infinity: inf / nan become None."""
+def json_finite(x: Any) -> Any:
+    """``x`` for JSON, which has no infinity: inf / nan become None (in dicts, lists and tuples too)."""
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: json_finite(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
+        return [json_finite(v) for v in x]
     return x
 
 

@@ -25,6 +25,7 @@ from vertumnus.sim.evaluate import (
     Task,
     fixed_tasks,
     geometric_mean,
+    json_finite,
     merge_replicates,
     plan,
     run_tasks,
@@ -138,15 +139,12 @@ def tuning_pick(
 
 def standings_json(res: EvalResult, tuned: TuningPick | None = None) -> dict[str, object]:
     """The standings (and the tuning set's pick, where given) for ``evaluation.json``; infinities as None."""
-
-    def one(s: Standing) -> dict[str, object]:
-        return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in asdict(s).items()}
-
-    out: dict[str, object] = {"standings": [one(s) for s in result_standings(res)]}
+    out: dict[str, object] = {"standings": [asdict(s) for s in result_standings(res)]}
     if tuned is not None:
         out["tuning_pick"] = {
             "set": tuned.set_source,
-            "chosen": one(tuned.chosen),
-            "fixed": [one(s) for s in tuned.fixed],
+            "chosen": asdict(tuned.chosen),
+            "fixed": [asdict(s) for s in tuned.fixed],
         }
-    return out
+    finite: dict[str, object] = json_finite(out)
+    return finite
