@@ -252,7 +252,7 @@ class Scheduler:
         """argmin J without per-worker Ê for non-holders.
 
         A worker holding none of the prompt has Ê = E_C(L, 0), the same for its whole degree, so among the
-        non-holders of a degree the one with the least q_w (lower id on ties) is the only candidate; holders
+        non-holders of a degree the one with the least J = q_w + Ê·f (lower id on ties) is the only candidate; holders
         (few) are evaluated one by one. Result identical to the row-wise argmin with the (C, id) tie rule.
         """
         t = self.table
@@ -293,6 +293,12 @@ class Scheduler:
                 e_f = predict(c, L - f_cached, f_cached) + max(0.0, fv * fs - qj)
                 if e_f < e:
                     e, p = e_f, f_cached
+            else:
+                # The least q_w need not be the least J = q_w + Ê·f in floating point: two queues an ulp apart
+                # can round to the same J, and the tie rule then wants the lower id. Take the argmin of J itself
+                # over the degree's rows (sorted by id), as the row-wise rule does.
+                j = lo + int((qm[lo:hi] + e * f).argmin())
+                qj = float(qm[j])
             cand = (qj + e * f, c, ids[j], j, 0, p, e, qj)
             if best is None or cand < best:
                 best = cand
