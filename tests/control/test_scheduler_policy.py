@@ -84,7 +84,8 @@ def test_policy_choosing_a_non_candidate_is_an_error() -> None:
     )
 )
 # Found by CI (2026-12-06): workers 2 and 3 end with queues an ulp apart (0.030065790005151433 vs ...143, one a sum
-# less the running part) whose J rounds to the same value; the tie rule wants worker 2, the least-q shortcut took 3.
+# less the running part) whose J rounds to the same value: the vectorised path took the shorter queue (3), the
+# views the lower id (2). The tie rule is now lower degree, then shorter queue, then lower id, on both paths.
 @example(arrivals=[(5, {}, 0.0, None), (33, {}, 0.0, 3), (5, {}, 0.5, None), (64, {}, 0.0, None)])
 def test_vectorised_default_equals_placement_cost_over_views(
     arrivals: list[tuple[int, dict[int, int], float, int | None]],

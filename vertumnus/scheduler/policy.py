@@ -69,7 +69,11 @@ class PlacementCostPolicy:
         return view.queue_s + view.predicted_s * (self.beta + self.lam * (view.degree - c_min) / c_min)
 
     def choose(self, request: Request, match: PrefixMatch, candidates: Sequence[WorkerView], now: float) -> int:
-        """argmin J; ties: lower degree, then lower worker id."""
+        """argmin J; ties: lower degree, then shorter queue, then lower worker id.
+
+        The queue before the id: two queues an ulp apart can round to the same J (a sum of reservations less
+        the running part against the same sum reached another way), and the vectorised path picks the least
+        queue of a degree without evaluating J for the rest; this rule is what both paths compute."""
         c_min = min(v.degree for v in candidates)
-        best = min(candidates, key=lambda v: (self.cost(v, c_min), v.degree, v.worker_id))
+        best = min(candidates, key=lambda v: (self.cost(v, c_min), v.degree, v.queue_s, v.worker_id))
         return best.worker_id

@@ -252,8 +252,9 @@ class Scheduler:
         """argmin J without per-worker Ê for non-holders.
 
         A worker holding none of the prompt has Ê = E_C(L, 0), the same for its whole degree, so among the
-        non-holders of a degree the one with the least J = q_w + Ê·f (lower id on ties) is the only candidate; holders
-        (few) are evaluated one by one. Result identical to the row-wise argmin with the (C, id) tie rule.
+        non-holders of a degree the one with the least q_w (lower id on ties) is the only candidate (J is monotone
+        in q_w for one Ê, also in floating point, and the tie rule prefers the shorter queue); holders
+        (few) are evaluated one by one. Result identical to the row-wise argmin with the (C, q_w, id) tie rule.
         """
         t = self.table
         qm = t.queue_vector(now)  # a new array: masked in place below
@@ -278,8 +279,8 @@ class Scheduler:
         B = self.block_tokens
         fv, fs, fq = fetch if fetch is not None and fetch[0] > 0 else (0, 0.0, 0.0)
         f_cached = min(fv * B, L - 1)
-        # Candidates as (J, degree, worker id, row, held, P, Ê, q): tuple order is the tie rule.
-        best: tuple[float, int, int, int, int, int, float, float] | None = None
+        # Candidates as (J, degree, q, worker id, row, held, P, Ê): tuple order is the tie rule.
+        best: tuple[float, int, float, int, int, int, int, float] | None = None
         pref: tuple[float, int] | None = None  # (β·Ê + λ-term, degree)
         factors: dict[int, float] = {}
         for c, lo, hi in self._slices:
@@ -293,13 +294,7 @@ class Scheduler:
                 e_f = predict(c, L - f_cached, f_cached) + max(0.0, fv * fs - qj)
                 if e_f < e:
                     e, p = e_f, f_cached
-            else:
-                # The least q_w need not be the least J = q_w + Ê·f in floating point: two queues an ulp apart
-                # can round to the same J, and the tie rule then wants the lower id. Take the argmin of J itself
-                # over the degree's rows (sorted by id), as the row-wise rule does.
-                j = lo + int((qm[lo:hi] + e * f).argmin())
-                qj = float(qm[j])
-            cand = (qj + e * f, c, ids[j], j, 0, p, e, qj)
+            cand = (qj + e * f, c, qj, ids[j], j, 0, p, e)
             if best is None or cand < best:
                 best = cand
             if pref is None or (e * f, c) < pref:
@@ -322,13 +317,13 @@ class Scheduler:
                     e_f = predict(c, L - f_cached, f_cached) + max(0.0, (fv - h) * fs - qk)
                     if e_f < e:
                         e, cached = e_f, f_cached
-                cand = (qk + e * f, c, ids[k], k, h, cached, e, qk)
+                cand = (qk + e * f, c, qk, ids[k], k, h, cached, e)
                 if best is None or cand < best:
                     best = cand
                 if pref is None or (e * f, c) < pref:
                     pref = (e * f, c)
         assert best is not None and pref is not None
-        _, _, _, row, held, cached, est, qk = best
+        _, _, qk, _, row, held, cached, est = best
         return _Choice(row, held, cached, est, qk, pref[1])
 
     def _choose_views(
