@@ -6,7 +6,7 @@ placement cost of DESIGN.md §1::
 
     J_{i,w} = q_w(t_i) + β·Ê_{i,w} + λ·Ê_{i,w}·(C_w − C_min)/C_min
 
-argmin, ties to the lower degree, then the lower worker id. The scheduler recognises
+argmin, ties to the lower degree, then the shorter queue, then the lower worker id. The scheduler recognises
 :class:`PlacementCostPolicy` at construction and evaluates it vectorised over all workers instead of
 building :class:`WorkerView` objects; :meth:`PlacementCostPolicy.choose` is the same rule over views (used by
 tests and by anyone composing policies).

@@ -6,7 +6,8 @@ One placement, for request i with L tokens and the trie's match:
    worker does not already hold validly; the whole prompt must still fit its capacity). A cache miss never
    excludes;
 2. P_w = min(held_w·B, L − 1), R_w = L − P_w, Ê_w = E_{C_w}(R_w, P_w) (CostModel.predict);
-3. J_w = q_w(now) + Ê_w·(β + λ·(C_w − C_min)/C_min); argmin, ties to the lower C, then the lower worker id
+3. J_w = q_w(now) + Ê_w·(β + λ·(C_w − C_min)/C_min); argmin, ties to the lower C, then the shorter q_w, then the
+   lower worker id
    (q_w for all workers is one vector expression; Ê is computed once per degree for the workers holding
    nothing of the prompt and once per holder — see ``_choose_fast``);
 4. reserve Ê_w in q_w at once (so a concurrent arrival sees it), reserve the ⌈L/B⌉ − held_w KV blocks the

@@ -2,8 +2,9 @@
 
 Invariants (checked by tests, kept by every mutator here):
 
-- rows are ordered by (degree, worker_id), so ``np.argmin`` over a cost column already breaks ties towards
-  the lower degree, then the lower worker id; rows are rebuilt only when a worker joins or leaves;
+- rows are ordered by (degree, worker_id), so ``np.argmin`` over a cost column breaks ties towards the lower
+  degree, then the lower worker id (the scheduler puts the shorter queue before the id: see ``_choose_fast``);
+  rows are rebuilt only when a worker joins or leaves;
 - ``reserved_s[w]`` = Σ Ê of the tickets (queued + running requests) at w; ``free_blocks[w]`` =
   capacity − Σ KV blocks charged to those tickets (each: the prompt's blocks w did not hold at placement — a
   held prefix is resident already); ``outstanding[w]`` = Σ uncached blocks of those tickets;
