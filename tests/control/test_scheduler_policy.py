@@ -102,3 +102,65 @@ def test_vectorised_default_equals_placement_cost_over_views(
         if start is not None and a is not None and a.worker_id == start:
             fast.started(a.request_id, start, now)
             slow.started(a.request_id, start, now)
+
+
+FETCH_CFG = config_from_dict({"pool": {"nodes": 4, "gpus_per_node": 8, "degrees": [2, 4, 8]},
+                              "scheduler": {"lam": 0.2}})  # fmt: skip
+FETCH_LAYOUT = [(8, 0), (8, 1), (4, 2), (4, 2), (2, 3), (2, 3), (2, 3), (2, 3)]  # factors 1.6 / 1.2 / 1.0
+
+
+def _least_j(s: Scheduler, n: int, held: dict[int, int], fetch: tuple[int, float, float], now: float) -> float:
+    """Brute force: J of every worker, each priced at the better of its own prefix and the fetched one."""
+    v, spb, q_max = fetch
+    b = s.block_tokens
+    best = float("inf")
+    for wid, (deg, _) in enumerate(FETCH_LAYOUT):
+        q, h = s.queue_s(wid, now), held.get(wid, 0)
+        own = min(h * b, n - 1)
+        e = COST.predict(deg, n - own, own)
+        if v > h and q <= q_max:
+            got = min(v * b, n - 1)
+            e = min(e, COST.predict(deg, n - got, got) + max(0.0, (v - h) * spb - q))
+        best = min(best, q + e * (1.0 + 0.2 * (deg - 2) / 2))
+    return best
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    arrivals=st.lists(
+        st.tuples(
+            st.integers(4_000, 60_000),
+            st.dictionaries(st.integers(0, 7), st.integers(1, 12), max_size=2),
+            st.floats(0, 0.3),
+            st.sampled_from([None, 0, 2, 4]),
+            st.tuples(st.integers(0, 16), st.floats(0.0, 0.05), st.floats(0.0, 2.0)),
+        ),
+        min_size=1,
+        max_size=14,
+    )
+)
+# Found by this test (2026-12-07, 3,000 examples) before the fix: the last arrival (a 1-block fetch) went to idle
+# CP4 worker 3 at J 0.1218234, while CP4 worker 2, finishing a prefill in less than the copy takes, had J 0.1218216
+# (the copy hides behind that remainder): the fast path had taken each degree's shortest queue only.
+@example(arrivals=[(4000, {}, 0.0, None, (0, 0.0, 0.0)), (4000, {}, 0.0, None, (0, 0.0, 0.0)),
+                   (19589, {}, 0.0, 2, (0, 0.0, 0.0)), (4000, {}, 0.25, None, (0, 0.0, 0.0)),
+                   (4000, {}, 0.0625, None, (0, 0.0, 0.0)),
+                   (4000, {}, 0.0625, None, (0, 0.00390625, 1.0))])  # fmt: skip
+def test_fetch_pricing_places_on_the_least_j(
+    arrivals: list[tuple[int, dict[int, int], float, int | None, tuple[int, float, float]]],
+) -> None:
+    # With a fetch offered, a non-holder's Ê falls as its queue hides more of the copy: the fast path must still
+    # find the least J of all workers (the view path offers no fetch, so this is checked against brute force).
+    s = Scheduler(FETCH_CFG, COST)
+    for wid, (deg, node) in enumerate(FETCH_LAYOUT):
+        s.add_worker(wid, deg, node, WorkerState.ACTIVE, 1)
+    now = 0.0
+    for k, (n, held, dt, start, fetch) in enumerate(arrivals):
+        now += dt
+        fetch = (max(fetch[0], max(held.values(), default=0) + 1), fetch[1], fetch[2])
+        least = _least_j(s, n, held, fetch, now)
+        p = s.place(Request(f"r{k}", now, n, ()), PrefixMatch(max(held.values(), default=0), held), now, fetch=fetch)
+        assert p is not None
+        assert p.cost == pytest.approx(least, rel=1e-12, abs=1e-12)
+        if start is not None and p.worker_id == start:
+            s.started(p.request_id, start, now)

@@ -256,6 +256,10 @@ class Scheduler:
         non-holders of a degree the one with the least q_w (lower id on ties) is the only candidate (J is monotone
         in q_w for one Ê, also in floating point, and the tie rule prefers the shorter queue); holders
         (few) are evaluated one by one. Result identical to the row-wise argmin with the (C, q_w, id) tie rule.
+        With ``fetch`` a non-holder's Ê depends on q_w (the copy overlaps the wait), and for a degree with a
+        factor above 1 two more non-holders per degree are candidates (see the sketch below); the choice
+        attains the least J of all eligible rows (to rounding: where the factor is exactly 1, J is flat in q_w
+        up to the copy time in exact arithmetic and the shortest queue is taken).
         """
         t = self.table
         qm = t.queue_vector(now)  # a new array: masked in place below
@@ -284,22 +288,44 @@ class Scheduler:
         best: tuple[float, int, float, int, int, int, int, float] | None = None
         pref: tuple[float, int] | None = None  # (β·Ê + λ-term, degree)
         factors: dict[int, float] = {}
+        copy_s = fv * fs
         for c, lo, hi in self._slices:
             f = factors[c] = self._factor(c, c_min)
-            j = lo + int(qm[lo:hi].argmin())
-            qj = float(qm[j])
-            if qj == np.inf:
+            seg = qm[lo:hi]
+            j = lo + int(seg.argmin())
+            if seg[j - lo] == np.inf:
                 continue
-            e, p = predict(c, L, 0), 0
-            if fv and qj <= fq:
-                e_f = predict(c, L - f_cached, f_cached) + max(0.0, fv * fs - qj)
-                if e_f < e:
-                    e, p = e_f, f_cached
-            cand = (qj + e * f, c, qj, ids[j], j, 0, p, e)
-            if best is None or cand < best:
-                best = cand
-            if pref is None or (e * f, c) < pref:
-                pref = (e * f, c)
+            rows = [j]
+            if fv and f > 1.0:
+                # The fetch option's J = q + f·(E_f + max(0, copy − q)) charges the wait at 1 and the copy's
+                # unhidden rest at f, so with f > 1 it falls while q < copy and rises after:
+                #
+                #   J ▲ ╲          ╱     slope 1 − f < 0 below the copy time, 1 above it
+                #     │   ╲      ╱
+                #     │     ╲  ╱
+                #     └──────┴──────▶ q_w
+                #          copy
+                #
+                # so besides the shortest queue (no fetch, or the fetch with q ≥ copy), the longest queue
+                # ≤ min(copy, q_max) and the shortest in [copy, q_max] are the degree's only other candidates.
+                below = seg <= min(copy_s, fq)
+                if below.any():
+                    rows.append(lo + int(np.where(below, seg, -np.inf).argmax()))
+                above = (seg >= copy_s) & (seg <= fq)
+                if above.any():
+                    rows.append(lo + int(np.where(above, seg, np.inf).argmin()))
+            for j in rows:
+                qj = float(qm[j])
+                e, p = predict(c, L, 0), 0
+                if fv and qj <= fq:
+                    e_f = predict(c, L - f_cached, f_cached) + max(0.0, copy_s - qj)
+                    if e_f < e:
+                        e, p = e_f, f_cached
+                cand = (qj + e * f, c, qj, ids[j], j, 0, p, e)
+                if best is None or cand < best:
+                    best = cand
+                if pref is None or (e * f, c) < pref:
+                    pref = (e * f, c)
         if holders:
             degs = self._degs
             for k, h, qk in holders:
