@@ -254,6 +254,12 @@ def test_results_section_renders_every_profile_and_skips_missing_ones(tmp_path: 
     assert "![test-set verdict against each controller threshold](img/eval_sensitivity.png)" in md
     assert (tmp_path / "img" / "eval_sensitivity.png").is_file() and "| controller.theta_low | 0.3 |" in md
     assert "load 1.0 is the rate" in md  # the protocol's rule is stated
+    # The controller ablation: the configured predictive policy and the rule controller on the same fixed runs.
+    rows = [line.split(" | ") for line in md.splitlines() if line.startswith(("| `predictive` (configured) |",
+                                                                              "| `rules` |"))]  # fmt: skip
+    assert "**Controller ablation.**" in md and len(rows) == 2
+    assert all(r[1] in ("0/1", "1/1") and r[-1] == "0 |" for r in rows)  # one workload, nothing lost
+    assert rows[0][2] == next(line for line in md.splitlines() if line.startswith("| **vertumnus** |")).split(" | ")[1]
     # Marked, so `make results-oos` rewrites just this section and keeps the rest of docs/results.md.
     from vertumnus.sim.report import splice
 

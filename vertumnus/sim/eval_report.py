@@ -86,6 +86,24 @@ def markdown_summary(res: EvalResult) -> str:
     return "\n".join(lines) + "\n\n" + verdict_line(res) + "\n"
 
 
+def markdown_controllers(rows: Sequence[tuple[str, EvalResult]]) -> str:
+    """The controller ablation: each (label, result) on the same workloads, streams and fixed runs."""
+    lines = ["| controller | meeting every criterion | geomean ÷ best fixed (per stream) | worst ÷ best fixed "
+             "(workload) | ÷ start held fixed | ÷ per-phase oracle | reconfigurations per run | lost |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for label, res in rows:
+        worst = max(res.workloads, key=lambda w: w.verdict.ratio_best)
+        per = res.stream_geomeans()
+        spread = f" ({' / '.join(_r(g) for g in per)})" if len(per) > 1 else ""
+        moves = sum(float(w.policy.summary.get("reconfigurations") or 0) for w in res.workloads) / len(res.workloads)
+        lines.append(
+            f"| {label} | {res.passed}/{len(res.workloads)} | {_r(res.geomean('ratio_best'))}{spread} | "
+            f"{_r(worst.verdict.ratio_best)} ({worst.name}) | {_r(res.geomean('ratio_start'))} | "
+            f"{_r(res.geomean('ratio_oracle'))} | {moves:.1f} | {sum(w.policy.lost for w in res.workloads)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def markdown_fixed(res: EvalResult) -> str:
     """Whole-run mean TTFT of every fixed composition per workload (the rows the best fixed is picked from)."""
     comps = list(res.workloads[0].fixed) if res.workloads else []

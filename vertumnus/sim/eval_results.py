@@ -19,6 +19,7 @@ from vertumnus.sim.eval_report import (
     columns_text,
     criteria_text,
     img_link,
+    markdown_controllers,
     markdown_fixed,
     markdown_phases,
     markdown_standings,
@@ -107,6 +108,30 @@ def profile_text(label: str, config: str, res: EvalResult, tuned: TuningPick | N
     return "\n".join(out)
 
 
+# The controller ablation beside each profile's evaluation: the policy the config does not select, its own
+# settings from the same config (the rule band of configs/sim-40gpu*.yaml), judged against the same fixed runs.
+ABLATION_POLICIES = ("predictive", "rules")
+
+
+def ablation_text(res: EvalResult, set_path: str, config: str, policy: str, jobs: int = 1) -> str:
+    """The configured controller policy and each other one (``controller.policy`` overridden) on the same
+    workloads, request streams and fixed runs as ``res``."""
+    from vertumnus.sim.evaluate import evaluate_against, plan
+
+    own = plan(set_path, config, policy).cfg.controller.policy
+    rows = [(f"`{own}` (configured)", res)]
+    for other in ABLATION_POLICIES:
+        if other != own:
+            rows.append((f"`{other}`", evaluate_against(res, set_path, config, policy,
+                                                        (("controller.policy", other),), jobs)))  # fmt: skip
+    return (
+        "**Controller ablation.** Each controller policy on the same request streams, against the same fixed "
+        "runs (`controller.policy` set, every other setting from the config; the rule controller reads the "
+        "config's θ_up / θ_low / Δ_long band and persistence, which the predictive one does not):\n\n"
+        + markdown_controllers(rows)
+    )
+
+
 def results_section(
     img_dir: Path,
     md_dir: Path,
@@ -153,6 +178,7 @@ def results_section(
         else:
             res = evaluate(set_path, config, policy, jobs=jobs)
             out.append(profile_text(label, config, res, tuned))
+        out.append(ablation_text(res, set_path, config, policy, jobs))
         first = False
         log(f"  test set under {label}: {len(res.workloads)} workloads, {time.perf_counter() - t0:.0f} s")
     # The section can be regenerated on its own, so it states when and where its figures were measured.

@@ -514,6 +514,25 @@ def assemble(
     return res
 
 
+def evaluate_against(
+    base: EvalResult,
+    set_path: str,
+    config: str,
+    policy: str,
+    overrides: Overrides,
+    jobs: int = 1,
+    progress: Callable[[int, int, Task], None] | None = None,
+) -> EvalResult:
+    """``policy`` with ``overrides`` on ``base``'s workloads and request streams, judged against ``base``'s fixed
+    runs (none is run again; no prescient starts): an ablation beside an evaluation of the same set and config."""
+    p = plan(set_path, config, policy, workloads=[w.name for w in base.workloads], replicates=base.replicates)
+    pt = by_workload(policy_tasks(p, set_path, config, policy, overrides), p.workloads)
+    merged = merge_replicates(dict(zip(pt, run_tasks(pt, jobs, progress), strict=True)))
+    pol = {t.workload: d for t, d in merged.items()}
+    fixed = {(w.name, c): d for w in base.workloads for c, d in w.fixed.items()}
+    return assemble(p, config, policy, pol, fixed, overrides)
+
+
 def evaluate(
     set_path: str,
     config: str,
