@@ -79,6 +79,9 @@ class Recorder:
         self.events: list[tuple[str, Any]] = []
         self._cv = threading.Condition()
         self.on_done: Callable[[PrefillResult], None] | None = None
+        # Runs on the data plane's driver thread, which handles no rank reply meanwhile: a test can hold a worker's
+        # next dispatch (its running job cannot complete) while it sets up a queue.
+        self.on_started: Callable[[int, str], None] | None = None
 
     def _add(self, kind: str, payload: Any) -> None:
         with self._cv:
@@ -104,6 +107,8 @@ class Recorder:
     # EngineEvents
     def prefill_started(self, worker_id: int, request_id: str, now: float) -> None:
         self._add("started", (worker_id, request_id))
+        if self.on_started is not None:
+            self.on_started(worker_id, request_id)
 
     def prefill_done(self, result: PrefillResult) -> None:
         self._add("done", result)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from cp_helpers import TOL, Recorder, job, tiny_config, tokens
 from vertumnus.cache.block_keys import keys_from_tokens
 from vertumnus.cp.model import ReferenceModel
 from vertumnus.engines.torch.data_plane import TorchDataPlane
-from vertumnus.interfaces import DataPlane
+from vertumnus.interfaces import DataPlane, PrefillJob
 from vertumnus.types import CacheOp, CacheOpKind, CacheReportKind, ReconfigKind, ReconfigPlan, WorkerGroup
 
 B = 8  # block tokens
@@ -99,12 +100,24 @@ def test_split_ordered_mid_traffic_loses_no_request() -> None:
     w, a, b = WorkerGroup(0, 0, 0, 2), WorkerGroup(1, 0, 0, 1), WorkerGroup(2, 0, 1, 1)
     prompts = {f"r{i}": tokens(40 + i, 10 + i) for i in range(6)}
     prompts["late"] = tokens(33, 99)
+    queued, taken = threading.Event(), threading.Event()
+    withdrawn: list[PrefillJob] = []
+
+    def drain_while_r0_runs(worker_id: int, request_id: str) -> None:
+        # On the driver thread: r0's completion is not handled before this returns, so r1 cannot be dispatched
+        # however fast the ranks are (or slow this thread is); the drain sees exactly the five queued jobs.
+        if request_id == "r0":
+            assert queued.wait(60)
+            withdrawn.extend(dp.withdraw(0))  # drain: queued jobs go back to the pool
+            taken.set()
+
+    rec.on_started = drain_while_r0_runs
     with TorchDataPlane(cfg, return_kv=False) as dp:
         dp.start([w], 0, rec)
         for rid in ("r0", "r1", "r2", "r3", "r4", "r5"):
             dp.submit(0, job(rid, prompts[rid], 0, 2, B))
-        rec.wait(lambda: bool(rec.of("started")))
-        withdrawn = dp.withdraw(0)  # drain: queued jobs go back to the pool
+        queued.set()
+        assert taken.wait(60)
         assert [j.request.request_id for j in withdrawn] == ["r1", "r2", "r3", "r4", "r5"]
         dp.park([0])
         dp.submit(0, job("late", prompts["late"], 0, 2, B))  # arrives after the drain: must not be lost
@@ -253,10 +266,23 @@ def test_a_queued_jobs_copy_starts_at_submit_and_its_prefill_follows_it() -> Non
         assert out is not None and (out.logits - ref.prefill(p2)[0]).abs().max().item() <= TOL
         assert [r.keys for r in rec.reports(1) if r.op_id == 5] == [k] and not rec.of("op_failed")
 
-        dp.submit(1, job("busy2", tokens(40, 10), 1, 1, B))
         gone = CacheOp(6, CacheOpKind.REPLICATE, 1, k, 0, src_worker=0, inter_degree=True)
+        queued, taken = threading.Event(), threading.Event()
+        withdrawn: list[PrefillJob] = []
+
+        def drain_while_busy2_runs(worker_id: int, request_id: str) -> None:
+            # On the driver thread: "busy2" cannot complete (and "withdrawn" cannot start) before this returns.
+            if request_id == "busy2":
+                assert queued.wait(60)
+                withdrawn.extend(dp.withdraw(1))
+                taken.set()
+
+        rec.on_started = drain_while_busy2_runs
+        dp.submit(1, job("busy2", tokens(40, 10), 1, 1, B))
         dp.submit(1, job("withdrawn", p2, 1, 1, B, reconcile=gone))
-        assert [j.request.request_id for j in dp.withdraw(1)] == ["withdrawn"]
+        queued.set()
+        assert taken.wait(60)
+        assert [j.request.request_id for j in withdrawn] == ["withdrawn"]
         rec.wait(lambda: any(r.op_id == 6 for r in rec.reports(1)))  # the copy landed and confirmed
         rec.done("busy2")
         assert all(r.request_id != "withdrawn" for r in rec.of("done"))
