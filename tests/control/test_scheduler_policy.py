@@ -4,6 +4,7 @@ same J evaluated over views."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hypothesis import example, given, settings
@@ -70,16 +71,18 @@ def test_policy_choosing_a_non_candidate_is_an_error() -> None:
         s.place(Request("a", 0.0, 100, ()), PrefixMatch(0, {}), 0.0)
 
 
+def arrival_lists(*fields: st.SearchStrategy[Any], max_size: int) -> st.SearchStrategy[list[tuple[Any, ...]]]:
+    """Non-empty lists of arrivals, each a tuple drawn from ``fields``."""
+    return st.lists(st.tuples(*fields), min_size=1, max_size=max_size)
+
+
 @settings(max_examples=80, deadline=None)
 @given(
-    arrivals=st.lists(
-        st.tuples(
-            st.integers(1, 120_000),
-            st.dictionaries(st.integers(0, 4), st.integers(0, 240), max_size=3),
-            st.floats(0, 0.5),
-            st.sampled_from([None, 0, 1, 2, 3]),
-        ),
-        min_size=1,
+    arrivals=arrival_lists(
+        st.integers(1, 120_000),
+        st.dictionaries(st.integers(0, 4), st.integers(0, 240), max_size=3),
+        st.floats(0, 0.5),
+        st.sampled_from([None, 0, 1, 2, 3]),
         max_size=12,
     )
 )
@@ -107,6 +110,13 @@ def test_vectorised_default_equals_placement_cost_over_views(
 FETCH_CFG = config_from_dict({"pool": {"nodes": 4, "gpus_per_node": 8, "degrees": [2, 4, 8]},
                               "scheduler": {"lam": 0.2}})  # fmt: skip
 FETCH_LAYOUT = [(8, 0), (8, 1), (4, 2), (4, 2), (2, 3), (2, 3), (2, 3), (2, 3)]  # factors 1.6 / 1.2 / 1.0
+FETCH_ARRIVAL = (
+    st.integers(4_000, 60_000),  # prompt tokens
+    st.dictionaries(st.integers(0, 7), st.integers(1, 12), max_size=2),  # blocks held, by worker
+    st.floats(0, 0.3),  # seconds since the previous arrival
+    st.sampled_from([None, 0, 2, 4]),  # the worker that reports its job started, if it got it
+    st.tuples(st.integers(0, 16), st.floats(0.0, 0.05), st.floats(0.0, 2.0)),  # fetch (V, s a block, q_max)
+)
 
 
 def _least_j(s: Scheduler, n: int, held: dict[int, int], fetch: tuple[int, float, float], now: float) -> float:
@@ -126,19 +136,7 @@ def _least_j(s: Scheduler, n: int, held: dict[int, int], fetch: tuple[int, float
 
 
 @settings(max_examples=80, deadline=None)
-@given(
-    arrivals=st.lists(
-        st.tuples(
-            st.integers(4_000, 60_000),
-            st.dictionaries(st.integers(0, 7), st.integers(1, 12), max_size=2),
-            st.floats(0, 0.3),
-            st.sampled_from([None, 0, 2, 4]),
-            st.tuples(st.integers(0, 16), st.floats(0.0, 0.05), st.floats(0.0, 2.0)),
-        ),
-        min_size=1,
-        max_size=14,
-    )
-)
+@given(arrivals=arrival_lists(*FETCH_ARRIVAL, max_size=14))
 # Found by this test (2026-12-07, 3,000 examples) before the fix: the last arrival (a 1-block fetch) went to idle
 # CP4 worker 3 at J 0.1218234, while CP4 worker 2, finishing a prefill in less than the copy takes, had J 0.1218216
 # (the copy hides behind that remainder): the fast path had taken each degree's shortest queue only.
