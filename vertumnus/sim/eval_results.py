@@ -28,7 +28,7 @@ from vertumnus.sim.eval_report import (
     workload_facts,
 )
 from vertumnus.sim.eval_set import EvalSet, load_eval_set
-from vertumnus.sim.evaluate import EvalResult, evaluate
+from vertumnus.sim.evaluate import EvalResult, evaluate, evaluate_against, plan
 from vertumnus.sim.fixed_pick import TuningPick, tuning_pick
 from vertumnus.sim.inputs import resolve
 from vertumnus.sim.protocol import __doc__ as PROTOCOL_DOC
@@ -116,8 +116,6 @@ ABLATION_POLICIES = ("predictive", "rules")
 def ablation_text(res: EvalResult, set_path: str, config: str, policy: str, jobs: int = 1) -> str:
     """The configured controller policy and each other one (``controller.policy`` overridden) on the same
     workloads, request streams and fixed runs as ``res``."""
-    from vertumnus.sim.evaluate import evaluate_against, plan
-
     own = plan(set_path, config, policy).cfg.controller.policy
     rows = [(f"`{own}` (configured)", res)]
     for other in ABLATION_POLICIES:
@@ -158,8 +156,6 @@ def results_section(
         t0 = time.perf_counter()
         tuned = tuning_pick(tuning.source, config, jobs=jobs) if tuning is not None else None
         if first and (sweep_keys is None or len(sweep_keys) > 0):
-            from vertumnus.sim.evaluate import plan
-
             cfg = plan(set_path, config, policy).cfg
             keys = SWEEP_KEYS[cfg.controller.policy] if sweep_keys is None else sweep_keys
             grid = parse_sweep(list(keys), cfg, SWEEP_FLOAT_STEPS, SWEEP_INT_STEPS)
