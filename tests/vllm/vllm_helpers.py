@@ -61,6 +61,16 @@ class LoopThread:
         return cond()
 
     def close(self) -> None:
+        """Let the loop's tasks end (a data plane's ``close()`` cancels its own; a cancelled task still needs a turn
+        of the loop to finish), then stop it. Stopping at once left them pending, and the interpreter reported each
+        one ("Task was destroyed but it is pending!") at exit."""
+
+        async def settle() -> None:
+            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            if pending:
+                await asyncio.wait(pending, timeout=10)
+
+        self.run(settle(), timeout_s=15)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
 
