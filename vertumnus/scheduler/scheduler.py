@@ -308,12 +308,19 @@ class Scheduler:
                 #
                 # so besides the shortest queue (no fetch, or the fetch with q ≥ copy), the longest queue
                 # ≤ min(copy, q_max) and the shortest in [copy, q_max] are the degree's only other candidates.
-                below = seg <= min(copy_s, fq)
-                if below.any():
-                    rows.append(lo + int(np.where(below, seg, -np.inf).argmax()))
-                above = (seg >= copy_s) & (seg <= fq)
-                if above.any():
-                    rows.append(lo + int(np.where(above, seg, np.inf).argmin()))
+                # One pass over the degree's rows in Python: cheaper than the numpy calls it replaces at these
+                # sizes (tens of workers a degree; masked rows are inf and fall in neither range).
+                lim = min(copy_s, fq)
+                if seg[j - lo] < lim or seg[j - lo] < copy_s <= fq:
+                    kb, qb, ka, qa = -1, -np.inf, -1, np.inf
+                    for k in range(lo, hi):
+                        q = qv[k]
+                        if q <= lim:
+                            if q > qb:
+                                kb, qb = k, q
+                        elif copy_s <= q <= fq and q < qa:
+                            ka, qa = k, q
+                    rows += [k for k in (kb, ka) if k >= 0 and k != j]
             for j in rows:
                 qj = float(qm[j])
                 e, p = predict(c, L, 0), 0
