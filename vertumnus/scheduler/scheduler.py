@@ -293,7 +293,8 @@ class Scheduler:
             f = factors[c] = self._factor(c, c_min)
             seg = qm[lo:hi]
             j = lo + int(seg.argmin())
-            if seg[j - lo] == np.inf:
+            q_least = float(seg[j - lo])
+            if q_least == np.inf:
                 continue
             rows = [j]
             if fv and f > 1.0:
@@ -308,10 +309,10 @@ class Scheduler:
                 #
                 # so besides the shortest queue (no fetch, or the fetch with q ≥ copy), the longest queue
                 # ≤ min(copy, q_max) and the shortest in [copy, q_max] are the degree's only other candidates.
-                # One pass over the degree's rows in Python: cheaper than the numpy calls it replaces at these
-                # sizes (tens of workers a degree; masked rows are inf and fall in neither range).
+                # One pass over the degree's rows in Python: at tens of workers a degree it costs less than the
+                # half-dozen numpy calls of masks and reductions would (masked rows are inf: in neither range).
                 lim = min(copy_s, fq)
-                if seg[j - lo] < lim or seg[j - lo] < copy_s <= fq:
+                if q_least < lim or q_least < copy_s <= fq:
                     kb, qb, ka, qa = -1, -np.inf, -1, np.inf
                     for k in range(lo, hi):
                         q = qv[k]
