@@ -209,13 +209,19 @@ def promote_below(trie: Trie, w: WorkerInfo, rows: Iterable[int]) -> None:
     """After ``w`` became valid on ``rows``: children it physically has become valid too, recursively."""
     if w.n_present == 0:
         return
+    # Collect the whole present subtree first and mark it in one call: make_valid's per-row effects (bits,
+    # counters, flags) do not depend on the order, and the closure holds once the call returns (every collected
+    # row's parent is a row of ``rows`` or a collected row). One call per chain instead of one per block: a
+    # long prompt's chain is hundreds of blocks, and each call has numpy's fixed overhead.
     stack = list(rows)
     present, bit = trie.pres_col[w.word], w.bit
+    below: list[int] = []
     while stack:
         found = [c for c in trie.children(stack.pop()) if present[c] & bit]
-        if found:
-            make_valid(trie, w, found)
-            stack.extend(found)
+        below.extend(found)
+        stack.extend(found)
+    if below:
+        make_valid(trie, w, below)
 
 
 def nodes_of(trie: Trie, w: WorkerInfo) -> np.ndarray:
