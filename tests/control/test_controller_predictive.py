@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
 from vertumnus.controller.lattice import Lattice
@@ -78,6 +80,50 @@ def test_replay_occupancy_cost_keeps_short_requests_off_the_large_degree() -> No
     assert replay_mean_ttft(workers, arrivals, 1.0, 0.1) == pytest.approx(1.0)
     assert replay_mean_ttft(workers, arrivals, 1.0, 0.0) == pytest.approx(0.95)
     assert replay_mean_ttft(ReplayWorkers({4: []}), arrivals, 1.0, 0.0) == float("inf")
+
+
+def _replay_by_brute_force(
+    free_at: dict[int, list[float]], t: list[float], est: dict[int, list[float]], beta: float, lam: float
+) -> float:
+    """The replay's rule over every worker, no heaps: argmin J, ties to the lower degree (the reference)."""
+    free = {c: list(v) for c, v in free_at.items() if v}
+    c_min = min(free)
+    total = 0.0
+    for i, ti in enumerate(t):
+        options = [
+            (max(0.0, f - ti) + (beta + lam * (c - c_min) / c_min) * est[c][i], c, k)
+            for c in sorted(free)
+            for k, f in enumerate(free[c])
+        ]
+        _, c, k = min(options, key=lambda o: (o[0], o[1], free[o[1]][o[2]]))
+        ttft = max(0.0, free[c][k] - ti) + est[c][i]
+        total += ttft
+        free[c][k] = ti + ttft
+    return total / len(t)
+
+
+@st.composite
+def _replay_cases(draw: st.DrawFn) -> tuple[dict[int, list[float]], list[float], dict[int, list[float]]]:
+    degrees = draw(st.sampled_from([[4], [4, 8], [2, 4, 8]]))
+    seconds = st.floats(0.0, 5.0, allow_nan=False)
+    free_at = {c: draw(st.lists(seconds, min_size=1, max_size=4)) for c in degrees}
+    n = draw(st.integers(1, 30))
+    t = sorted(draw(st.lists(seconds, min_size=n, max_size=n)))
+    est = {c: draw(st.lists(st.floats(0.01, 2.0), min_size=n, max_size=n)) for c in degrees}
+    return free_at, t, est
+
+
+@settings(max_examples=300, deadline=None)
+@given(_replay_cases())
+def test_replay_equals_the_rule_applied_to_every_worker(
+    case: tuple[dict[int, list[float]], list[float], dict[int, list[float]]],
+) -> None:
+    # The heap per degree (and the unrolled two-degree loop) must give what the placement rule over every
+    # worker gives, for one, two and three degrees.
+    free_at, t, est = case
+    arrivals = ReplayArrivals(np.array(t), {c: np.array(v) for c, v in est.items()})
+    got = replay_mean_ttft(ReplayWorkers(free_at), arrivals, 1.0, 0.1)
+    assert got == pytest.approx(_replay_by_brute_force(free_at, t, est, 1.0, 0.1), rel=1e-9)
 
 
 def test_forecast_replays_a_busy_span_as_recorded_and_a_quiet_one_at_its_rate() -> None:

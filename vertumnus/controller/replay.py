@@ -67,24 +67,46 @@ def replay_mean_ttft(
     if not degrees:
         return float("inf")
     c_min = degrees[0]
-    heaps = {c: sorted(workers.free_at[c]) for c in degrees}  # a sorted list is a valid heap
-    weight = {c: beta + lam * (c - c_min) / c_min for c in degrees}
-    est = {c: arrivals.est[c].tolist() for c in degrees}
+    # Per-degree columns by position (ascending degree: ties go to the lower degree, as in the scheduler).
+    heaps = [sorted(workers.free_at[c]) for c in degrees]  # a sorted list is a valid heap
+    weights = [beta + lam * (c - c_min) / c_min for c in degrees]
+    ests = [arrivals.est[c].tolist() for c in degrees]
     times = arrivals.t.tolist()
     total = float(sum(extra_ttft))
+    replace = heapq.heapreplace
+    if len(degrees) == 2:
+        # The bundled pools' case (CP4 / CP8), unrolled: this loop is most of a predictive decision's cost.
+        h0, h1 = heaps
+        w0, w1 = weights
+        for t, e0, e1 in zip(times, ests[0], ests[1], strict=True):
+            q0 = h0[0] - t
+            if q0 < 0.0:
+                q0 = 0.0
+            q1 = h1[0] - t
+            if q1 < 0.0:
+                q1 = 0.0
+            if q1 + w1 * e1 < q0 + w0 * e0:
+                ttft = q1 + e1
+                replace(h1, t + ttft)
+            else:
+                ttft = q0 + e0
+                replace(h0, t + ttft)
+            total += ttft
+        return total / (n + len(extra_ttft))
+    k = len(degrees)
     for i in range(n):
         t = times[i]
-        best_c = degrees[0]
+        best = 0
         best_j = float("inf")
         best_q = 0.0
-        for c in degrees:  # ascending: ties go to the lower degree, as in the scheduler
-            q = heaps[c][0] - t
+        for d in range(k):
+            q = heaps[d][0] - t
             if q < 0.0:
                 q = 0.0
-            j = q + weight[c] * est[c][i]
+            j = q + weights[d] * ests[d][i]
             if j < best_j:
-                best_j, best_c, best_q = j, c, q
-        ttft = best_q + est[best_c][i]
+                best_j, best, best_q = j, d, q
+        ttft = best_q + ests[best][i]
         total += ttft
-        heapq.heapreplace(heaps[best_c], t + ttft)
+        replace(heaps[best], t + ttft)
     return total / (n + len(extra_ttft))
