@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sized
 import numpy as np
 
 from vertumnus.cache.bits import distinct
-from vertumnus.cache.trie import ROOT, Trie
+from vertumnus.cache.trie import NONE, ROOT, Trie
 from vertumnus.cache.workers import WorkerInfo
 
 _EMPTY = np.zeros(0, np.int64)
@@ -213,13 +213,18 @@ def promote_below(trie: Trie, w: WorkerInfo, rows: Iterable[int]) -> None:
     # counters, flags) do not depend on the order, and the closure holds once the call returns (every collected
     # row's parent is a row of ``rows`` or a collected row). One call per chain instead of one per block: a
     # long prompt's chain is hundreds of blocks, and each call has numpy's fixed overhead.
+    # The sibling lists walked inline (no per-node list from Trie.children): this runs on every stored report.
     stack = list(rows)
     present, bit = trie.pres_col[w.word], w.bit
+    first, nxt = trie.first_child, trie.next_sib
     below: list[int] = []
     while stack:
-        found = [c for c in trie.children(stack.pop()) if present[c] & bit]
-        below.extend(found)
-        stack.extend(found)
+        c = int(first[stack.pop()])
+        while c != NONE:
+            if present[c] & bit:
+                below.append(c)
+                stack.append(c)
+            c = int(nxt[c])
     if below:
         make_valid(trie, w, below)
 
