@@ -1,6 +1,7 @@
 """Cache manager fast paths: run-by-run path lookup (stale rows of freed nodes), active-row flags, pins keyed by
 (last key, length), leading runs, children masks of reclaim candidates, packed key arrays, the scheduler's
-idle-pool queue vector. Each is checked against the straightforward computation it replaces."""
+idle-pool queue vector, the op book's per-owner key counters. Each is checked against the straightforward
+computation it replaces."""
 
 from __future__ import annotations
 
@@ -10,13 +11,23 @@ from vertumnus.cache.active import ActiveRows
 from vertumnus.cache.bits import int64_array, leading_runs
 from vertumnus.cache.choose import child_marks
 from vertumnus.cache.manager import CacheManager
+from vertumnus.cache.ops import OpBook
 from vertumnus.cache.trie import ROOT, Trie
 from vertumnus.cache.workers import WorkerTable
 from vertumnus.config import CacheConfig
 from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.scheduler.table import Ticket, WorkerInfo
 from vertumnus.scheduler.table import WorkerTable as SchedTable
-from vertumnus.types import CacheReport, CacheReportKind, Placement, PrefixMatch, Request, WorkerState
+from vertumnus.types import (
+    CacheOp,
+    CacheOpKind,
+    CacheReport,
+    CacheReportKind,
+    Placement,
+    PrefixMatch,
+    Request,
+    WorkerState,
+)
 
 K = tuple(range(1, 21))  # a 20-block prompt
 W = tuple(range(101, 111))  # an unrelated 10-block prompt
@@ -193,3 +204,32 @@ def test_single_row_drop_matches_the_array_drop_on_random_report_sequences(monke
     array_path = marks._drop_rows
     monkeypatch.setattr(marks, "_drop_one", lambda trie, w, row: array_path(trie, w, np.array([row], np.int64)))  # type: ignore[attr-defined]
     assert run(False) == fast
+
+
+def test_op_book_counts_each_key_per_owner_and_forgets_owners_left_empty() -> None:
+    # Two copies of overlapping paths into worker 2 (degree index 1) from worker 1, a reclaim at worker 1: the
+    # indexes answer per (key, owner) exactly as a counter of (key, owner) pairs would, and empty owners go.
+    wt = WorkerTable([4, 8])
+    dst = wt.add(2, 8, 0, 1024)
+    book = OpBook()
+    a = CacheOp(book.new_id(), CacheOpKind.REPLICATE, 2, K[:10], 4, src_worker=1)
+    b = CacheOp(book.new_id(), CacheOpKind.REPLICATE, 2, K[:8], 6, src_worker=1)
+    r = CacheOp(book.new_id(), CacheOpKind.RECLAIM, 1, W, 7)
+    book.add(a, dst)
+    book.add(b, dst)
+    book.add(r, wt.add(1, 4, 0, 1024))
+    assert dst.reserved == 6 + 2
+    for k in K[:10]:
+        copies = (k in K[4:10]) + (k in K[6:8])
+        assert book.adding_at(k, 1) == book.incoming_at(k, 2) == book.busy(k, 1) == (copies > 0)
+        assert not book.adding_at(k, 0) and not book.incoming_at(k, 1) and not book.busy(k, 2)
+    assert [book.removing_count(k) for k in W] == [0] * 7 + [1] * 3
+    assert book.busy(W[-1], 1) and not book.busy(W[0], 1)
+    assert book.pop(a.op_id, dst) is a
+    assert book.adding_at(K[6], 1) and not book.adding_at(K[4], 1) and not book.adding_at(K[8], 1)
+    assert dst.reserved == 2
+    book.pop(b.op_id, dst)
+    book.pop(r.op_id, None)
+    assert dst.reserved == 0 and len(book) == 0
+    assert not book.adding and not book.incoming and not book.reading and not book.removing
+    assert not book.removing_key

@@ -2,10 +2,12 @@
 
 Every op is indexed by block keys (never by trie rows: rows are recycled once freed). Invariants while an op
 is outstanding:
-  * REPLICATE / RECONCILE: each key of ``keys[first_missing:]`` is in ``adding`` under (key, dst degree), in
-    ``incoming`` under (key, dst) and in ``reading`` under (key, src); ``num_blocks`` is reserved on the
-    destination's capacity;
-  * RECLAIM: each key of ``keys[first_missing:]`` is in ``removing`` under (key, dst).
+  * REPLICATE / RECONCILE: each key of ``keys[first_missing:]`` is counted in ``adding[dst degree]``,
+    ``incoming[dst]`` and ``reading[src]``; ``num_blocks`` is reserved on the destination's capacity;
+  * RECLAIM: each key of ``keys[first_missing:]`` is counted in ``removing[dst]`` and ``removing_key``.
+The indexes are one key counter per degree / worker (absent when empty), not one counter of (key, owner)
+pairs: ordering a copy counts its keys with three C-level updates (no tuple per block), which keeps a
+128-block fetch on the placement path at a few µs.
 An op leaves the book when it is confirmed (a CacheReport with its ``op_id``), fails (``op_failed``), or one
 of its workers goes away.
 """
@@ -13,7 +15,7 @@ of its workers goes away.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from vertumnus.cache.workers import WorkerInfo
@@ -34,10 +36,10 @@ class OpBook:
 
     def __init__(self) -> None:
         self.ops: dict[int, _Entry] = {}
-        self.adding: Counter[tuple[int, int]] = Counter()  # (key, degree index) -> copies in flight
-        self.incoming: Counter[tuple[int, int]] = Counter()  # (key, dst worker id) -> copies in flight
-        self.reading: Counter[tuple[int, int]] = Counter()  # (key, src worker id) -> copies reading it
-        self.removing: Counter[tuple[int, int]] = Counter()  # (key, worker id) -> reclaims in flight
+        self.adding: dict[int, Counter[int]] = {}  # degree index -> key -> copies in flight
+        self.incoming: dict[int, Counter[int]] = {}  # dst worker id -> key -> copies in flight
+        self.reading: dict[int, Counter[int]] = {}  # src worker id -> key -> copies reading it
+        self.removing: dict[int, Counter[int]] = {}  # worker id -> key -> reclaims in flight
         self.removing_key: Counter[int] = Counter()  # key -> reclaims in flight over all workers
         self._next_id = 1
 
@@ -58,13 +60,13 @@ class OpBook:
         moved = op.keys[op.first_missing :]
         reserved = 0
         if op.kind == CacheOpKind.RECLAIM:
-            self.removing.update((k, op.dst_worker) for k in moved)
+            _count(self.removing, op.dst_worker, moved)
             self.removing_key.update(moved)
         else:
-            self.adding.update((k, dst.dix) for k in moved)
-            self.incoming.update((k, op.dst_worker) for k in moved)
+            _count(self.adding, dst.dix, moved)
+            _count(self.incoming, op.dst_worker, moved)
             if op.src_worker is not None:
-                self.reading.update((k, op.src_worker) for k in moved)
+                _count(self.reading, op.src_worker, moved)
             reserved = len(moved)
             dst.reserved += reserved
         self.ops[op.op_id] = _Entry(op, dst.dix, reserved)
@@ -78,13 +80,13 @@ class OpBook:
         op = e.op
         moved = op.keys[op.first_missing :]
         if op.kind == CacheOpKind.RECLAIM:
-            _release(self.removing, [(k, op.dst_worker) for k in moved])
+            _uncount(self.removing, op.dst_worker, moved)
             _release(self.removing_key, moved)
         else:
-            _release(self.adding, [(k, e.dst_dix) for k in moved])
-            _release(self.incoming, [(k, op.dst_worker) for k in moved])
+            _uncount(self.adding, e.dst_dix, moved)
+            _uncount(self.incoming, op.dst_worker, moved)
             if op.src_worker is not None:
-                _release(self.reading, [(k, op.src_worker) for k in moved])
+                _uncount(self.reading, op.src_worker, moved)
         if dst is not None:
             dst.reserved -= e.reserved
         return op
@@ -94,15 +96,15 @@ class OpBook:
         return [i for i, e in self.ops.items() if worker_id in (e.op.dst_worker, e.op.src_worker)]
 
     def adding_at(self, key: int, dix: int) -> bool:
-        return self.adding.get((key, dix), 0) > 0
+        return _has(self.adding, dix, key)
 
     def incoming_at(self, key: int, worker_id: int) -> bool:
         """Whether a copy of block ``key`` into ``worker_id`` is in flight."""
-        return self.incoming.get((key, worker_id), 0) > 0
+        return _has(self.incoming, worker_id, key)
 
     def busy(self, key: int, worker_id: int) -> bool:
         """Whether ``worker_id``'s copy of block ``key`` is being read by a copy or deleted by a reclaim."""
-        return self.reading.get((key, worker_id), 0) > 0 or self.removing.get((key, worker_id), 0) > 0
+        return _has(self.reading, worker_id, key) or _has(self.removing, worker_id, key)
 
     def removing_count(self, key: int) -> int:
         """Reclaims in flight on block ``key``, over all workers."""
@@ -117,3 +119,26 @@ def _release(counter: Counter, items: Sequence[Hashable]) -> None:  # type: igno
             counter[it] = n
         else:
             del counter[it]
+
+
+def _count(index: dict[int, Counter[int]], owner: int, keys: Iterable[int]) -> None:
+    """Count ``keys`` once more under ``owner``."""
+    c = index.get(owner)
+    if c is None:
+        index[owner] = c = Counter()
+    c.update(keys)
+
+
+def _uncount(index: dict[int, Counter[int]], owner: int, keys: Sequence[int]) -> None:
+    """Count ``keys`` once less under ``owner``; an owner left with no key leaves the index."""
+    c = index.get(owner)
+    if c is None:
+        return
+    _release(c, keys)
+    if not c:
+        del index[owner]
+
+
+def _has(index: dict[int, Counter[int]], owner: int, key: int) -> bool:
+    c = index.get(owner)
+    return c is not None and c.get(key, 0) > 0
