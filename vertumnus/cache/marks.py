@@ -209,11 +209,11 @@ def promote_below(trie: Trie, w: WorkerInfo, rows: Iterable[int]) -> None:
     """After ``w`` became valid on ``rows``: children it physically has become valid too, recursively."""
     if w.n_present == 0:
         return
-    # Collect the whole present subtree first and mark it in one call: make_valid's per-row effects (bits,
+    # Collect the whole present subtree first, then mark it in one call: make_valid's per-row effects (bits,
     # counters, flags) do not depend on the order, and the closure holds once the call returns (every collected
-    # row's parent is a row of ``rows`` or a collected row). One call per chain instead of one per block: a
-    # long prompt's chain is hundreds of blocks, and each call has numpy's fixed overhead.
-    # The sibling lists walked inline (no per-node list from Trie.children): this runs on every stored report.
+    # row's parent is a row of ``rows`` or a collected row). A long prompt's chain is hundreds of blocks and each
+    # call has numpy's fixed overhead; the sibling lists are walked inline for the same reason (this runs on
+    # every stored report).
     stack = list(rows)
     present, bit = trie.pres_col[w.word], w.bit
     first, nxt = trie.first_child, trie.next_sib
