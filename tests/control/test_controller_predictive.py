@@ -182,6 +182,25 @@ def test_overload_after_a_merge_splits_at_the_first_check(
     assert res.summary["completed"] == len(times) and res.summary["rejected"] == 0
 
 
+def test_no_split_check_runs_once_nothing_can_split() -> None:
+    # The overload scenario above: split checks every second while worker 0 (CP8) can split; after its split
+    # the pool is 2xCP4 (CP4 is the smallest degree) and a check could only say "stay": none is computed from
+    # then on, while the window ends still decide (a merge back is still a move).
+    c = cfg(1, check_interval_s=1.0)
+    times = [k / 12 for k in range(12 * 20)]
+    sim = Simulation(requests(c, times, 4096), c, COST, "vertumnus", "1xCP8")
+    seen: list[tuple[float, bool]] = []
+    sim.pool.controller.decision_listeners.append(lambda job, d, acted: seen.append((job.now, job.report is None)))
+    res = sim.run()
+    assert [(r.kind, r.sources, r.targets) for r in res.reconfigs] == [("split", (0,), (1, 2))]
+    split_at = began(res.reconfigs[0])
+    checks = [t for t, check in seen if check]
+    windows = [t for t, check in seen if not check]
+    assert checks == [pytest.approx(split_at)]  # the check that split; none after it
+    assert len(windows) >= 4 and all(t > split_at for t in windows)
+    assert res.summary["completed"] == len(times)
+
+
 @pytest.mark.parametrize(("span_s", "lo", "hi"), [(20.0, 6.2, 7.05), (5.0, 7.0, 7.2)])
 def test_start_up_checks_last_their_span_from_the_first_arrival(span_s: float, lo: float, hi: float) -> None:
     # 1 node as 1xCP8; a 4K-token request every 0.5 s from 0 (0.13 s each: nothing waits, no decision on so few
