@@ -283,6 +283,28 @@ class ControllerConfig(_Section):
         description="Predictive: no decision until the pool has seen min_forecast_requests arrivals or a forecast "
         "span since its first, unless a request is waiting (a young log's forecast tiles a handful of arrivals).",
     )
+    # On the tuning set (2026-12-07, twenty-third stop, policy runs, 3 streams; geomean mean TTFT ÷ best fixed,
+    # calibrated / AIC, against 1.0110 / 1.0317 off): 8 resamples after 15 s 1.0112 / 1.0292, after 30 s
+    # 1.0112 / 1.0293, after 60 s 1.0114 / 1.0302; 16 after 30 s 1.0114 / 1.0303; the same test on merges too,
+    # from t = 0, 1.0112 / 1.0344 (AIC steady-1.0 1.031 -> 1.063: the start-up's splits delayed), on merges only
+    # 1.0122 / - (configs/eval/tuning.yaml has the rest). On 5 streams (statics extended to them): 1.0074 /
+    # 1.0284 against 1.0071 / 1.0296 off, with 2% / 10% fewer reconfigurations (AIC ramp-up 4.0 -> 2.2,
+    # steady-1.0 6.0 -> 5.2). Kept off for now: the TTFT gain is within the request streams' noise (3 -> 5
+    # streams alone moved the calibrated baseline 1.0110 -> 1.0071), and turning it on changes docs/results.md,
+    # which `make results` (~50 min) must then regenerate.
+    split_resamples: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Predictive: a split won on the span forecast must also beat staying on each of this many "
+        "bootstrap resamples of the forecast's request mix (from split_resample_after_s on); 0: off.",
+    )
+    split_resample_after_s: float = Field(
+        15.0,
+        ge=0,
+        description="Predictive: split_resamples applies once the pool's first arrival is this many seconds old "
+        "(the start-up's splits, which a start far below the load needs at once, are left to the margins).",
+    )
     split_persist_windows: int = Field(1, ge=1, description="Predictive: windows a split must be wanted.")
     # On the tuning set (2026-12-05, policy runs, 3 streams, relative to False, calibrated / AIC): 0.9978 / 1.0001 —
     # with the 0.8-s switch an operation is over before the next check wants another; kept off (the default then

@@ -389,6 +389,39 @@ def test_the_objective_prices_the_forecasts_rate_spread(
     assert d.best_split is not None and d.best_split.objective < 1.25
 
 
+@pytest.mark.parametrize(
+    ("resamples", "age_s", "mix", "want"),
+    [
+        (0, 60.0, "AB", ReconfigKind.SPLIT),  # off: the forecast alone decides
+        (16, 60.0, "AB", None),  # half the resamples put the light request first: the split does not hold
+        (16, 5.0, "AB", ReconfigKind.SPLIT),  # the start-up (age < split_resample_after_s): margins only
+        (16, 60.0, "AA", ReconfigKind.SPLIT),  # a mix of one kind resamples to itself: the split holds
+    ],
+)
+def test_a_span_split_must_hold_on_resamples_of_the_forecasts_mix(
+    resamples: int, age_s: float, mix: str, want: ReconfigKind | None
+) -> None:
+    # One idle CP8, or two CP4 ready after the 0.8-s switch; two requests at t = 0, placed in forecast order.
+    # A is long (Ê_8 4.0 s, Ê_4 4.4 s), B short (0.2 s on both). Forecast A, B: stay (4.0 + 4.2) / 2 = 4.1 s,
+    # split (5.2 + 1.0) / 2 = 3.1 s — a 24% gain. A resample draws the two with replacement: B, A gives stay
+    # (0.2 + 4.2) / 2 = 2.2 < 3.1 and B, B stay 0.3 < 1.0 — the split loses on half the draws, so it holds on
+    # all 16 with probability 2^-16 (the generator is seeded: the outcome is fixed). A, A resamples only to
+    # itself: stay 6.0, split 5.2 on every draw.
+    lattice = Lattice(1, 8, [4, 8])
+    (cp8,) = lattice.build({8: 1})
+    model = PredictiveModel(
+        COST, [4, 8], 1.0, 0.1, 0.8, 4, 0.02, 0.05, 2.0, split_resamples=resamples, resample_after_s=15.0
+    )
+    ops = {ReconfigKind.SPLIT: lattice.ops(ReconfigKind.SPLIT)}
+    e8 = {"A": 4.0, "B": 0.2}
+    e4 = {"A": 4.4, "B": 0.2}
+    two = ReplayArrivals(np.zeros(2), {4: np.array([e4[k] for k in mix]), 8: np.array([e8[k] for k in mix])})
+    d = model.decide([WorkerNow(cp8.worker_id, 8, 0.0, 0.0, [])], two, ops, age_s=age_s)
+    assert d.stay.objective == pytest.approx(4.1 if mix == "AB" else 6.0)
+    assert d.best_split is not None and d.best_split.objective == pytest.approx(3.1 if mix == "AB" else 5.2)
+    assert d.want == want
+
+
 @pytest.mark.parametrize("wait", [True, False])
 def test_no_decision_on_a_handful_of_first_arrivals(wait: bool) -> None:
     # 2xCP4; ten 4K-token requests 0.6 s apart from 0 (~0.11 s each: nothing ever waits). At the window end at

@@ -70,6 +70,7 @@ class PendingDecision:
     merge_stress: float | None = None  # this decision's stress factor (None: the configured one)
     inflight: tuple[int, ...] = ()  # epochs of the plans in flight when it was prepared
     switch_s: float | None = None  # what a move's switch costs (None: the configured switch_s)
+    age_s: float = math.inf  # seconds since the pool's first arrival (inf: not known)
 
 
 class Controller:
@@ -120,7 +121,7 @@ class Controller:
         self.model = PredictiveModel(
             cost, lattice.degrees, cfg.scheduler.beta, cfg.scheduler.lam, cc.switch_s, cc.max_concurrent_ops,
             cc.split_margin, cc.merge_margin, cc.merge_stress, cc.burst_split_margin, cc.max_concurrent_merges,
-            cc.burst_split_full_slack, cc.forecast_rate_spread,
+            cc.burst_split_full_slack, cc.forecast_rate_spread, cc.split_resamples, cc.split_resample_after_s,
         )  # fmt: skip
         self.wait_for_forecast = cc.wait_for_min_forecast
         self.switch_from_observed = cc.switch_from_observed
@@ -279,7 +280,7 @@ class Controller:
         """The replay: pure in the prepared snapshot (reads no pool state), so it may run off the pool's thread."""
         return self.model.decide(
             job.workers, job.arrivals, job.ops, job.burst, splits_only=job.report is None,
-            merge_stress=job.merge_stress, switch_s=job.switch_s,
+            merge_stress=job.merge_stress, switch_s=job.switch_s, age_s=job.age_s,
         )  # fmt: skip
 
     def _prepare(self, report: WindowReport | None, now: float) -> PendingDecision:
@@ -305,9 +306,10 @@ class Controller:
         if report is not None and self.stress_windows > 0:
             recent = max(1, round(self.lookback_s / self.window_s))
             stress = observed_stress(self.demands, recent, self.model.merge_stress)
+        age = now - self.log.origin if self.log.origin is not None else 0.0
         return PendingDecision(
             report, now, workers, self.model.arrivals(picked), ops, burst, self._shape(), stress, self._inflight(),
-            switch,
+            switch, age,
         )  # fmt: skip
 
     def switch_estimate(self) -> float:
