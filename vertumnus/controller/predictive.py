@@ -433,14 +433,14 @@ class PredictiveModel:
         merges = [m for m in moves if m.kind == ReconfigKind.MERGE]
         best_split = min(splits, key=lambda m: m.objective) if splits else None
         best_merge = min(merges, key=lambda m: m.objective) if merges else None
-        if (
-            best_split is not None
-            and best_split.objective < (1.0 - self.split_margin) * stay.objective
-            # a split refused here may still be taken on the burst forecast below (a surge that lasts wins there)
-            and (age_s < self.resample_after_s or self.split_holds(best_split, stay, prep, arrivals))
-        ):
-            why = f"{best_split.describe()}: predicted {best_split.objective:.3f} s vs stay {stay.objective:.3f} s"
-            return Decision(stay, best_split, best_merge, ReconfigKind.SPLIT, why, len(moves))
+        refused = False  # the span forecast's split did not hold on the resamples of its mix
+        if best_split is not None and best_split.objective < (1.0 - self.split_margin) * stay.objective:
+            if age_s < self.resample_after_s or self.split_holds(best_split, stay, prep, arrivals):
+                why = f"{best_split.describe()}: predicted {best_split.objective:.3f} s vs stay {stay.objective:.3f} s"
+                return Decision(stay, best_split, best_merge, ReconfigKind.SPLIT, why, len(moves))
+            # it may still be taken on the burst forecast below (a surge that lasts wins there); the reason says
+            # so when nothing else moves
+            refused = True
         if burst is not None and len(burst) and splits:
             stay_b = self.score(stay, prep, burst)
             scored = [(self.score(m, prep, burst), m) for m in splits]
@@ -474,4 +474,10 @@ class PredictiveModel:
                 return Decision(stay, best_split, best_merge, ReconfigKind.MERGE, why, len(moves))
             why = f"merge would lose at ×{stress:.2f} load ({best_merge.stressed:.3f} vs {stay.stressed:.3f})"
             return Decision(stay, best_split, best_merge, None, why, len(moves))
-        return Decision(stay, best_split, best_merge, None, f"stay is best ({stay.objective:.3f} s)", len(moves))
+        why = f"stay is best ({stay.objective:.3f} s)"
+        if refused and best_split is not None:
+            why = (
+                f"{best_split.describe()} wins on the forecast ({best_split.objective:.3f} s vs stay"
+                f" {stay.objective:.3f} s) but not on all {self.split_resamples} resamples of its mix"
+            )
+        return Decision(stay, best_split, best_merge, None, why, len(moves))
