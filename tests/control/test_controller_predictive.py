@@ -494,6 +494,22 @@ def test_a_decision_beside_a_running_split_counts_its_targets_as_capacity(monkey
 
 
 # -- decisions computed off the pool (the server's thread; the simulator models the delay) --------------------
+def test_the_pool_hands_the_decision_its_age_and_a_split_of_one_kind_of_request_holds_on_its_resamples() -> None:
+    # The overload scenario above with split_resamples on from 0.5 s: every request is alike, so every resample
+    # of the forecast is the forecast itself and the 1-s check splits as before; the check's snapshot carries
+    # the pool's age (the first arrival came at 0 s).
+    c = cfg(1, check_interval_s=1.0, split_resamples=8, split_resample_after_s=0.5)
+    times = [k / 12 for k in range(12 * 20)]
+    sim = Simulation(requests(c, times, 4096), c, COST, "vertumnus", "1xCP8")
+    ages: list[tuple[float, float]] = []
+    sim.pool.controller.decision_listeners.append(lambda job, d, acted: ages.append((job.now, job.age_s)))
+    res = sim.run()
+    assert [(r.kind, r.sources, r.targets) for r in res.reconfigs] == [("split", (0,), (1, 2))]
+    assert began(res.reconfigs[0]) == pytest.approx(1.0)
+    assert ages[0] == (pytest.approx(1.0), pytest.approx(1.0))
+    assert all(age == pytest.approx(now) for now, age in ages)
+
+
 def test_a_deferred_decision_acts_when_it_lands() -> None:
     # The overload scenario above with the replay off the pool: the 1-s check's snapshot is acted on 0.4 s later.
     c = cfg(1, check_interval_s=1.0)
