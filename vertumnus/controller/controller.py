@@ -122,6 +122,7 @@ class Controller:
             cost, lattice.degrees, cfg.scheduler.beta, cfg.scheduler.lam, cc.switch_s, cc.max_concurrent_ops,
             cc.split_margin, cc.merge_margin, cc.merge_stress, cc.burst_split_margin, cc.max_concurrent_merges,
             cc.burst_split_full_slack, cc.forecast_rate_spread, cc.split_resamples, cc.split_resample_after_s,
+            cc.burst_resample_slack,
         )  # fmt: skip
         self.wait_for_forecast = cc.wait_for_min_forecast
         self.switch_from_observed = cc.switch_from_observed

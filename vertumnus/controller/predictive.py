@@ -271,12 +271,15 @@ class PredictiveModel:
         rate_spread: float = 0.0,
         split_resamples: int = 0,
         resample_after_s: float = 0.0,
+        burst_resample_slack: float | None = None,
     ) -> None:
         """``burst_full_slack``: a split won on the burst forecast must also predict at most (1 + this) × stay's
         objective on the full forecast (None: the burst alone decides). ``rate_spread`` u: a move's objective is
         its mean over the forecast at (1 − u)×, 1× and (1 + u)× its rate (0: the forecast alone).
         ``split_resamples`` B, ``resample_after_s``: once the pool is that old, a split won on the span forecast
-        must also beat staying on each of B resamples of the forecast's request mix (0: off; :meth:`split_holds`)."""
+        must also beat staying on each of B resamples of the forecast's request mix (0: off; :meth:`split_holds`).
+        ``burst_resample_slack`` s: from then on a split won on the burst forecast must also predict less than
+        (1 + s) × stay on each of those resamples (None: off)."""
         self.cost = cost
         self.degrees = tuple(sorted(degrees))
         self.beta = beta
@@ -294,6 +297,7 @@ class PredictiveModel:
         self.rate_spread = rate_spread
         self.split_resamples = split_resamples
         self.resample_after_s = resample_after_s
+        self.burst_resample_slack = burst_resample_slack
 
     def _est(self, lengths: np.ndarray, prefixes: np.ndarray) -> dict[int, np.ndarray]:
         p = np.minimum(prefixes, np.maximum(lengths - 1, 0)).astype(np.float64)
@@ -374,14 +378,18 @@ class PredictiveModel:
         u = self.rate_spread
         return sum(self.score(move, prep, arrivals.compressed(f)) for f in (1.0 - u, 1.0, 1.0 + u)) / 3.0
 
-    def split_holds(self, split: Move, stay: Move, prep: _Prepared, arrivals: ReplayArrivals) -> bool:
-        """Does ``split`` beat staying on every one of ``split_resamples`` bootstrap resamples of the forecast?
+    def split_holds(
+        self, split: Move, stay: Move, prep: _Prepared, arrivals: ReplayArrivals, slack: float = 0.0
+    ) -> bool:
+        """Does ``split`` beat (1 + ``slack``) × staying on every one of ``split_resamples`` bootstrap resamples
+        of the forecast?
 
         A resample keeps the arrival instants and draws the requests (Ê per degree: length and prefix found)
         with replacement from the forecast's own. The forecast's mix is a sample too — a few long requests more
         or less move a near-capacity replay by several percent — and a split that wins only on the mix that
         happened to arrive is the coin toss the decision audit found (docs/controller-log.md). The generator is
-        seeded by the forecast's size and B, so a decision is reproducible."""
+        seeded by the forecast's size and B, so a decision is reproducible. ``slack`` > 0 is the burst forecast's
+        split (:meth:`decide`), which the span forecast itself already lets lose by ``burst_full_slack``."""
         n = len(arrivals)
         if self.split_resamples <= 0 or n < 2:
             return True
@@ -389,7 +397,7 @@ class PredictiveModel:
         for _ in range(self.split_resamples):
             idx = rng.integers(0, n, n)
             sample = ReplayArrivals(arrivals.t, {c: e[idx] for c, e in arrivals.est.items()})
-            if self.score(split, prep, sample) >= self.score(stay, prep, sample):
+            if self.score(split, prep, sample) >= (1.0 + slack) * self.score(stay, prep, sample):
                 return False
         return True
 
@@ -434,8 +442,10 @@ class PredictiveModel:
         best_split = min(splits, key=lambda m: m.objective) if splits else None
         best_merge = min(merges, key=lambda m: m.objective) if merges else None
         refused = False  # the span forecast's split did not hold on the resamples of its mix
+        burst_refused: tuple[Move, float, float] | None = None  # nor the burst's (its move, burst, stay objectives)
+        resampling = self.split_resamples > 0 and age_s >= self.resample_after_s
         if best_split is not None and best_split.objective < (1.0 - self.split_margin) * stay.objective:
-            if age_s < self.resample_after_s or self.split_holds(best_split, stay, prep, arrivals):
+            if not resampling or self.split_holds(best_split, stay, prep, arrivals):
                 why = f"{best_split.describe()}: predicted {best_split.objective:.3f} s vs stay {stay.objective:.3f} s"
                 return Decision(stay, best_split, best_merge, ReconfigKind.SPLIT, why, len(moves))
             # it may still be taken on the burst forecast below (a surge that lasts wins there); the reason says
@@ -445,7 +455,16 @@ class PredictiveModel:
             stay_b = self.score(stay, prep, burst)
             scored = [(self.score(m, prep, burst), m) for m in splits]
             obj_b, move_b = min(scored, key=lambda x: x[0])
-            if obj_b < (1.0 - self.burst_split_margin) * stay_b:
+            burst_wins = obj_b < (1.0 - self.burst_split_margin) * stay_b
+            # The last seconds are a sample of a sample: a burst split must also not lose by more than the slack on
+            # any resample of the span's mix (a pulse's split holds there; a Poisson cluster's split on a steady
+            # load often does not). Refused, it falls through to the merge checks.
+            slack = self.burst_resample_slack
+            checked = burst_wins and resampling and slack is not None
+            if checked and not self.split_holds(move_b, stay, prep, arrivals, slack or 0.0):
+                burst_wins = False
+                burst_refused = (move_b, obj_b, stay_b)
+            if burst_wins:
                 if self.burst_full_slack is None or move_b.objective <= (1.0 + self.burst_full_slack) * stay.objective:
                     why = (
                         f"{move_b.describe()}: on the last seconds' rate predicted {obj_b:.3f} s vs stay {stay_b:.3f} s"
@@ -475,6 +494,12 @@ class PredictiveModel:
             why = f"merge would lose at ×{stress:.2f} load ({best_merge.stressed:.3f} vs {stay.stressed:.3f})"
             return Decision(stay, best_split, best_merge, None, why, len(moves))
         why = f"stay is best ({stay.objective:.3f} s)"
+        if burst_refused is not None:
+            move_r, obj_r, stay_r = burst_refused
+            why = (
+                f"{move_r.describe()} wins on the last seconds' rate ({obj_r:.3f} s vs stay {stay_r:.3f} s) but loses"
+                f" by more than {self.burst_resample_slack:.0%} on a resample of the span's mix"
+            )
         if refused and best_split is not None:
             why = (
                 f"{best_split.describe()} wins on the forecast ({best_split.objective:.3f} s vs stay"
