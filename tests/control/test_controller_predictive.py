@@ -424,6 +424,53 @@ def test_a_span_split_must_hold_on_resamples_of_the_forecasts_mix(
         assert "wins on the forecast (3.100 s vs stay 4.100 s) but not on all 16 resamples" in d.reason
 
 
+@pytest.mark.parametrize(
+    ("slack", "age_s", "want"),
+    [
+        (None, 60.0, ReconfigKind.SPLIT),  # off: the burst and the span forecast itself decide
+        (0.05, 60.0, None),  # a resample of the span's mix has the split lose by more than 5%: refused
+        (0.05, 5.0, ReconfigKind.SPLIT),  # the start-up (age < split_resample_after_s): not checked
+        (1.0, 60.0, ReconfigKind.SPLIT),  # no resample of this mix has the split twice as slow as stay
+    ],
+)
+def test_a_burst_split_must_hold_within_the_slack_on_resamples_of_the_spans_mix(
+    slack: float | None, age_s: float, want: ReconfigKind | None
+) -> None:
+    # One idle CP8, or two CP4 ready after the 0.8-s switch. A: Ê_8 4.0 s, Ê_4 4.4 s; B: 0.2 s on both.
+    # Span forecast B, A, B, A, A at 0, 1, 4, 4, 20 s. Stay: 0.2, 4.0, 1.2 (B waits for A until 5 s), 5.2, 4.0
+    # -> 2.92 s; split: 1.0 (the switch), 4.4, 0.2, 4.6 (behind B on the second CP4), 4.4 -> 2.92 s: no span
+    # split (not 2% better), but within burst_split_full_slack (2%). Burst forecast A, A at 0 s: stay 4.0, 8.0
+    # -> 6.0 s, split 5.2 s each: a 13% win. A resample keeps the instants and draws the requests: e.g. B, B, B,
+    # B, A has stay 0.2, 0.2, 0.2, 0.4, 4.0 -> 1.0 s against split 1.0, 0.2, 0.2, 0.2, 4.4 -> 1.2 s (20% worse):
+    # a burst split that a redraw of the span's requests does not back.
+    lattice = Lattice(1, 8, [4, 8])
+    (cp8,) = lattice.build({8: 1})
+    model = PredictiveModel(
+        COST, [4, 8], 1.0, 0.1, 0.8, 4, 0.02, 0.05, 2.0, burst_full_slack=0.02, split_resamples=8,
+        resample_after_s=15.0, burst_resample_slack=slack,
+    )  # fmt: skip
+    ops = {ReconfigKind.SPLIT: lattice.ops(ReconfigKind.SPLIT)}
+    e8 = {"A": 4.0, "B": 0.2}
+    e4 = {"A": 4.4, "B": 0.2}
+
+    def forecast(mix: str, times: list[float]) -> ReplayArrivals:
+        return ReplayArrivals(np.array(times), {4: np.array([e4[k] for k in mix]), 8: np.array([e8[k] for k in mix])})
+
+    span = forecast("BABAA", [0.0, 1.0, 4.0, 4.0, 20.0])
+    burst = forecast("AA", [0.0, 0.0])
+    d = model.decide([WorkerNow(cp8.worker_id, 8, 0.0, 0.0, [])], span, ops, burst=burst, age_s=age_s)
+    assert d.stay.objective == pytest.approx(2.92)
+    assert d.best_split is not None and d.best_split.objective == pytest.approx(2.92)
+    assert d.want == want
+    if want is None:
+        assert d.reason == (
+            "split 0 wins on the last seconds' rate (5.200 s vs stay 6.000 s) but loses by more than 5% on a"
+            " resample of the span's mix"
+        )
+    else:
+        assert "on the last seconds' rate predicted 5.200 s vs stay 6.000 s" in d.reason
+
+
 @pytest.mark.parametrize("wait", [True, False])
 def test_no_decision_on_a_handful_of_first_arrivals(wait: bool) -> None:
     # 2xCP4; ten 4K-token requests 0.6 s apart from 0 (~0.11 s each: nothing ever waits). At the window end at
