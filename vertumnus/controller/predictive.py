@@ -460,8 +460,12 @@ class PredictiveModel:
             # any resample of the span's mix (a pulse's split holds there; a Poisson cluster's split on a steady
             # load often does not). Refused, it falls through to the merge checks.
             slack = self.burst_resample_slack
-            checked = burst_wins and resampling and slack is not None
-            if checked and not self.split_holds(move_b, stay, prep, arrivals, slack or 0.0):
+            if (
+                burst_wins
+                and resampling
+                and slack is not None
+                and not self.split_holds(move_b, stay, prep, arrivals, slack)
+            ):
                 burst_wins = False
                 burst_refused = (move_b, obj_b, stay_b)
             if burst_wins:
