@@ -107,6 +107,7 @@ class Controller:
         self.min_forecast = cc.min_forecast_requests
         self.persist_split = cc.split_persist_windows
         self.persist_merge = cc.merge_persist_windows
+        self.persist_patient = cc.merge_patient_windows
         self.log = ArrivalLog(self.lookback_s, cc.min_forecast_requests)
         # every window's demand D_k, the last merge_stress_windows of them: the swings the merge stress is sized by
         self.demands: deque[float] = deque(maxlen=max(1, cc.merge_stress_windows))
@@ -122,7 +123,7 @@ class Controller:
             cost, lattice.degrees, cfg.scheduler.beta, cfg.scheduler.lam, cc.switch_s, cc.max_concurrent_ops,
             cc.split_margin, cc.merge_margin, cc.merge_stress, cc.burst_split_margin, cc.max_concurrent_merges,
             cc.burst_split_full_slack, cc.forecast_rate_spread, cc.split_resamples, cc.split_resample_after_s,
-            cc.burst_resample_slack,
+            cc.burst_resample_slack, cc.merge_patient_margin,
         )  # fmt: skip
         self.wait_for_forecast = cc.wait_for_min_forecast
         self.switch_from_observed = cc.switch_from_observed
@@ -359,6 +360,8 @@ class Controller:
             report.signal = direction
             report.reason = decision.reason
             persist = self.persist_split if direction == Direction.SPLIT else self.persist_merge
+            if direction == Direction.MERGE and decision.patient:
+                persist = max(persist, self.persist_patient)
             if not self.account.persist(report, direction, persist):
                 self.last_decision = decision
                 return None

@@ -178,6 +178,7 @@ class Decision:
     want: ReconfigKind | None
     reason: str
     evaluated: int
+    patient: bool = False  # a merge won by less than merge_margin: acted on after merge_patient_windows windows
 
 
 def observed_stress(demands: Sequence[float], recent_windows: int, cap: float) -> float:
@@ -272,6 +273,7 @@ class PredictiveModel:
         split_resamples: int = 0,
         resample_after_s: float = 0.0,
         burst_resample_slack: float | None = None,
+        patient_margin: float | None = None,
     ) -> None:
         """``burst_full_slack``: a split won on the burst forecast must also predict at most (1 + this) × stay's
         objective on the full forecast (None: the burst alone decides). ``rate_spread`` u: a move's objective is
@@ -279,7 +281,9 @@ class PredictiveModel:
         ``split_resamples`` B, ``resample_after_s``: once the pool is that old, a split won on the span forecast
         must also beat staying on each of B resamples of the forecast's request mix (0: off; :meth:`split_holds`).
         ``burst_resample_slack`` s: from then on a split won on the burst forecast must also predict less than
-        (1 + s) × stay on each of those resamples (None: off)."""
+        (1 + s) × stay on each of those resamples (None: off). ``patient_margin``: a merge that cuts the objective
+        by less than ``merge_margin`` but by more than this is still wanted, as a *patient* merge (the controller
+        acts on it only after ``merge_patient_windows`` windows; None: off)."""
         self.cost = cost
         self.degrees = tuple(sorted(degrees))
         self.beta = beta
@@ -298,6 +302,7 @@ class PredictiveModel:
         self.split_resamples = split_resamples
         self.resample_after_s = resample_after_s
         self.burst_resample_slack = burst_resample_slack
+        self.patient_margin = patient_margin
 
     def _est(self, lengths: np.ndarray, prefixes: np.ndarray) -> dict[int, np.ndarray]:
         p = np.minimum(prefixes, np.maximum(lengths - 1, 0)).astype(np.float64)
@@ -485,7 +490,15 @@ class PredictiveModel:
                 # a merge must not lose on the burst forecast either
                 why = "a merge would lose at the last seconds' rate"
                 return Decision(stay, best_split, best_merge, None, why, len(moves))
-        if best_merge is not None and best_merge.objective < (1.0 - self.merge_margin) * stay.objective:
+        # A patient merge: a gain below merge_margin that the controller acts on only once it has been wanted for
+        # merge_patient_windows windows in a row (a persistent small gain is real; one window's is noise).
+        margin, pm = self.merge_margin, self.patient_margin
+        patient = (
+            best_merge is not None
+            and pm is not None
+            and (1.0 - margin) * stay.objective <= best_merge.objective < (1.0 - pm) * stay.objective
+        )
+        if best_merge is not None and (patient or best_merge.objective < (1.0 - margin) * stay.objective):
             stressed = arrivals.compressed(stress)
             best_merge.stressed = self.score(best_merge, prep, stressed)
             stay.stressed = self.score(stay, prep, stressed)
@@ -493,8 +506,9 @@ class PredictiveModel:
                 why = (
                     f"{best_merge.describe()}: predicted {best_merge.objective:.3f} s vs stay {stay.objective:.3f} s"
                     f" (×{stress:.2f} load: {best_merge.stressed:.3f} vs {stay.stressed:.3f})"
+                    + (f", by less than {self.merge_margin:.0%}: a patient merge" if patient else "")
                 )
-                return Decision(stay, best_split, best_merge, ReconfigKind.MERGE, why, len(moves))
+                return Decision(stay, best_split, best_merge, ReconfigKind.MERGE, why, len(moves), patient)
             why = f"merge would lose at ×{stress:.2f} load ({best_merge.stressed:.3f} vs {stay.stressed:.3f})"
             return Decision(stay, best_split, best_merge, None, why, len(moves))
         why = f"stay is best ({stay.objective:.3f} s)"

@@ -49,8 +49,11 @@ PROFILES: tuple[tuple[str, str], ...] = (
 # when capacity is given away — its split side acts on any predicted gain).
 SWEEP_KEYS: dict[str, tuple[str, ...]] = {
     "rules": ("theta_up", "theta_low", "persist_windows"),
-    "predictive": ("merge_margin", "merge_stress", "merge_stress_windows", "merge_persist_windows"),
-}
+    "predictive": (
+        "merge_margin", "merge_stress", "merge_stress_windows", "merge_persist_windows", "merge_patient_margin",
+        "merge_patient_windows",
+    ),
+}  # fmt: skip
 # ±10% (floats) and ±1 (integers): two more runs of the policy per key and workload keep `make results` affordable.
 SWEEP_FLOAT_STEPS = (0.9, 1.0, 1.1)
 SWEEP_INT_STEPS = (-1, 0, 1)
@@ -158,6 +161,8 @@ def results_section(
         if first and (sweep_keys is None or len(sweep_keys) > 0):
             cfg = plan(set_path, config, policy).cfg
             keys = SWEEP_KEYS[cfg.controller.policy] if sweep_keys is None else sweep_keys
+            if sweep_keys is None:  # a setting turned off (None) has no value to vary around
+                keys = tuple(k for k in keys if getattr(cfg.controller, k) is not None)
             grid = parse_sweep(list(keys), cfg, SWEEP_FLOAT_STEPS, SWEEP_INT_STEPS)
             sw = sweep(set_path, config, grid, policy, jobs=jobs)
             res = sw.base

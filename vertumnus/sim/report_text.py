@@ -56,10 +56,13 @@ def _controller_setting(cc: ControllerConfig) -> str:
         return (f"`controller.policy: rules`: window {cc.window_s:g} s, θ_up {cc.theta_up:g}, θ_low {cc.theta_low:g}, "
                 f"Δ_long {cc.delta_long:g}, persist {cc.persist_windows}, switch {cc.switch_s:g} s")  # fmt: skip
     check = "window ends only" if cc.check_interval_s is None else f"split checks every {cc.check_interval_s:g} s"
+    patient = ""
+    if cc.merge_patient_margin is not None and cc.merge_patient_margin < cc.merge_margin:
+        patient = f"; above {cc.merge_patient_margin:g} after {cc.merge_patient_windows} windows"
     return (f"`controller.policy: predictive`: window {cc.window_s:g} s, replay of the last {cc.lookback_windows:g} "
             f"windows (≥ {cc.min_forecast_requests} arrivals), burst look-back {cc.burst_lookback_s:g} s, {check}; "
             f"split margin {cc.split_margin:g} ({cc.split_persist_windows} window(s)), merge margin "
-            f"{cc.merge_margin:g} ({cc.merge_persist_windows} windows, stress ×{cc.merge_stress:g}), ≤ "
+            f"{cc.merge_margin:g} ({cc.merge_persist_windows} windows, stress ×{cc.merge_stress:g}{patient}), ≤ "
             f"{cc.max_concurrent_ops} splits / {cc.max_concurrent_merges} merge(s) at once, "
             f"switch {cc.switch_s:g} s")  # fmt: skip
 
