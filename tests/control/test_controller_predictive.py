@@ -236,14 +236,17 @@ def test_the_same_light_load_keeps_the_split_while_merges_must_persist_longer() 
     assert res.reconfigs == []
 
 
-@pytest.mark.parametrize(("patient", "windows", "at"), [(None, 10, None), (0.01, 4, 25.0), (0.01, 10, None)])
+@pytest.mark.parametrize(
+    ("patient", "windows", "at"), [(None, 4, None), (0.01, 4, 25.0), (0.01, 6, 35.0), (0.01, 7, None)]
+)
 def test_a_merge_below_the_margin_waits_its_patient_windows(
     patient: float | None, windows: int, at: float | None
 ) -> None:
     # The light long load above, with merge_margin 0.5: the merge (CP8 1.28 s per request against 1.85 s on a
-    # CP4, a gain of ~30%) is below the margin. As a patient merge (more than 1%) it is wanted from the 10-s
-    # window end on and taken at the fourth window in a row that wants it, 25 s; never without the patient margin,
-    # nor when it must be wanted for 10 windows (the last window end with arrivals in the span is 45 s).
+    # CP4) falls short of that margin. As a patient merge (more than 1%) it is wanted from the 10-s
+    # window end on and taken at the fourth window in a row that wants it, 25 s (at the sixth, 35 s); never without
+    # the patient margin, nor when it must be wanted for 7 windows: the run ends when the last request (in at 36 s)
+    # is served at ~37.9 s, so 35 s is the last window end and the sixth to want the merge.
     c = cfg(1, merge_margin=0.5, merge_patient_margin=patient, merge_patient_windows=windows)
     times = [4.0 * k for k in range(10)]
     res = run(c, requests(c, times, 65536), "2xCP4")
