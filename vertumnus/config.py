@@ -336,9 +336,11 @@ class ControllerConfig(_Section):
     # 1.0106 / 1.0243 (adopted); 0.02 after 6 / 10 windows 1.0102 / 1.0292, 1.0108 / 1.0254. On 5 streams against
     # 1.0074 / 1.0248: 0.01 after 10 windows 1.0067 / 1.0230 (AIC steady-0.45 1.035 -> 1.021, plateau 1.029 ->
     # 1.024; calibrated alt-b 1.001 -> 1.007 and AIC spike 1.026 -> 1.030 the largest losses), after 15 windows
-    # 1.0245 AIC. Why: the replay's forecast spans two windows, against which a move's drain and switch weigh
-    # heavily, so a composition a few percent better at a load that lasts never clears merge_margin (AIC steady
-    # loads stopped one merge short of the best fixed composition).
+    # 1.0245 AIC; reconfigurations rose (5 streams, ten workloads: 44.8 -> 49.4 / 40.8 -> 48.2), which the adoption
+    # did not weigh, and on the test set it did not pay (docs/controller-log.md). Why it was tried: the replay's
+    # forecast spans two windows, against which a move's drain and switch weigh heavily, so a composition a few
+    # percent better at a load that lasts never clears merge_margin (AIC steady loads stopped one merge short of
+    # the best fixed composition).
     merge_patient_margin: float | None = Field(
         0.01,
         ge=0,
