@@ -492,13 +492,10 @@ class PredictiveModel:
                 return Decision(stay, best_split, best_merge, None, why, len(moves))
         # A patient merge: a gain below merge_margin that the controller acts on only once it has been wanted for
         # merge_patient_windows windows in a row (a persistent small gain is real; one window's is noise).
-        margin, pm = self.merge_margin, self.patient_margin
-        patient = (
-            best_merge is not None
-            and pm is not None
-            and (1.0 - margin) * stay.objective <= best_merge.objective < (1.0 - pm) * stay.objective
-        )
-        if best_merge is not None and (patient or best_merge.objective < (1.0 - margin) * stay.objective):
+        margin = self.merge_margin
+        floor = margin if self.patient_margin is None else min(margin, self.patient_margin)
+        if best_merge is not None and best_merge.objective < (1.0 - floor) * stay.objective:
+            patient = best_merge.objective >= (1.0 - margin) * stay.objective
             stressed = arrivals.compressed(stress)
             best_merge.stressed = self.score(best_merge, prep, stressed)
             stay.stressed = self.score(stay, prep, stressed)
@@ -506,7 +503,7 @@ class PredictiveModel:
                 why = (
                     f"{best_merge.describe()}: predicted {best_merge.objective:.3f} s vs stay {stay.objective:.3f} s"
                     f" (×{stress:.2f} load: {best_merge.stressed:.3f} vs {stay.stressed:.3f})"
-                    + (f", by less than {self.merge_margin:.0%}: a patient merge" if patient else "")
+                    + (f", by less than {margin:.0%}: a patient merge" if patient else "")
                 )
                 return Decision(stay, best_split, best_merge, ReconfigKind.MERGE, why, len(moves), patient)
             why = f"merge would lose at ×{stress:.2f} load ({best_merge.stressed:.3f} vs {stay.stressed:.3f})"
