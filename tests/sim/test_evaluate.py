@@ -15,6 +15,7 @@ import yaml
 from vertumnus.cli.main import main
 from vertumnus.config import parse_composition
 from vertumnus.sim.eval_report import HEAD, markdown_phases, markdown_summary, row, verdict_line, workload_heading
+from vertumnus.sim.eval_results import default_sweep_keys
 from vertumnus.sim.eval_set import load_eval_set
 from vertumnus.sim.evaluate import (
     STATIC,
@@ -199,6 +200,19 @@ def test_parse_sweep_grids() -> None:
     auto = parse_sweep(["auto"], cfg)
     assert {"controller.theta_up", "controller.theta_low", "controller.persist_windows"} <= set(auto)
     assert "controller.long_threshold_tokens" not in auto and "controller.switch_s" not in auto
+
+
+def test_the_default_sweep_leaves_out_settings_that_are_off() -> None:
+    # The patient merge is off by default: neither its margin (None) nor its window count (which acts only with
+    # the margin set) is swept; with the margin set, both are.
+    cc = load_sim_config("configs/sim-40gpu.yaml").controller
+    assert cc.merge_patient_margin is None
+    keys = default_sweep_keys(cc)
+    assert keys == ("merge_margin", "merge_stress", "merge_stress_windows", "merge_persist_windows")
+    on = cc.model_copy(update={"merge_patient_margin": 0.01})
+    assert default_sweep_keys(on) == (*keys, "merge_patient_margin", "merge_patient_windows")
+    rules = cc.model_copy(update={"policy": "rules"})
+    assert default_sweep_keys(rules) == ("theta_up", "theta_low", "persist_windows")
 
 
 def test_cli_evaluate_and_sweep_on_a_tiny_set(cli: Cli, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from vertumnus.config import ControllerConfig
 from vertumnus.sim.eval_report import (
     columns_text,
     criteria_text,
@@ -54,9 +55,22 @@ SWEEP_KEYS: dict[str, tuple[str, ...]] = {
         "merge_patient_windows",
     ),
 }  # fmt: skip
+# A key that only acts while another is set: not swept while that one is off (None), where varying it would
+# re-run the policy unchanged.
+SWEEP_NEEDS: dict[str, str] = {"merge_patient_windows": "merge_patient_margin"}
 # ±10% (floats) and ±1 (integers): two more runs of the policy per key and workload keep `make results` affordable.
 SWEEP_FLOAT_STEPS = (0.9, 1.0, 1.1)
 SWEEP_INT_STEPS = (-1, 0, 1)
+
+
+def default_sweep_keys(cc: ControllerConfig) -> tuple[str, ...]:
+    """The thresholds the sensitivity sweep varies for ``cc``'s policy: :data:`SWEEP_KEYS`, less a setting that
+    is off (None: no value to vary around) and one whose :data:`SWEEP_NEEDS` setting is off."""
+    return tuple(
+        k
+        for k in SWEEP_KEYS[cc.policy]
+        if getattr(cc, k) is not None and (k not in SWEEP_NEEDS or getattr(cc, SWEEP_NEEDS[k]) is not None)
+    )
 
 
 def _stderr(msg: str) -> None:
@@ -160,9 +174,7 @@ def results_section(
         tuned = tuning_pick(tuning.source, config, jobs=jobs) if tuning is not None else None
         if first and (sweep_keys is None or len(sweep_keys) > 0):
             cfg = plan(set_path, config, policy).cfg
-            keys = SWEEP_KEYS[cfg.controller.policy] if sweep_keys is None else sweep_keys
-            if sweep_keys is None:  # a setting turned off (None) has no value to vary around
-                keys = tuple(k for k in keys if getattr(cfg.controller, k) is not None)
+            keys = default_sweep_keys(cfg.controller) if sweep_keys is None else sweep_keys
             grid = parse_sweep(list(keys), cfg, SWEEP_FLOAT_STEPS, SWEEP_INT_STEPS)
             sw = sweep(set_path, config, grid, policy, jobs=jobs)
             res = sw.base
