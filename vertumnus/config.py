@@ -357,6 +357,11 @@ class ControllerConfig(_Section):
         10, ge=1, description="Predictive: windows in a row a patient merge (merge_patient_margin) must be wanted."
     )
 
+    @property
+    def patient_merges(self) -> bool:
+        """Is the patient merge on: a margin set, and below ``merge_margin`` (else no gain falls between them)?"""
+        return self.merge_patient_margin is not None and self.merge_patient_margin < self.merge_margin
+
     @model_validator(mode="after")
     def _band(self) -> ControllerConfig:
         if self.theta_low >= self.theta_up:

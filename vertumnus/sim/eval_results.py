@@ -55,9 +55,6 @@ SWEEP_KEYS: dict[str, tuple[str, ...]] = {
         "merge_patient_windows",
     ),
 }  # fmt: skip
-# A key that only acts while another is set: not swept while that one is off (None), where varying it would
-# re-run the policy unchanged.
-SWEEP_NEEDS: dict[str, str] = {"merge_patient_windows": "merge_patient_margin"}
 # ±10% (floats) and ±1 (integers): two more runs of the policy per key and workload keep `make results` affordable.
 SWEEP_FLOAT_STEPS = (0.9, 1.0, 1.1)
 SWEEP_INT_STEPS = (-1, 0, 1)
@@ -65,11 +62,12 @@ SWEEP_INT_STEPS = (-1, 0, 1)
 
 def default_sweep_keys(cc: ControllerConfig) -> tuple[str, ...]:
     """The thresholds the sensitivity sweep varies for ``cc``'s policy: :data:`SWEEP_KEYS`, less a setting that
-    is off (None: no value to vary around) and one whose :data:`SWEEP_NEEDS` setting is off."""
+    is off (None: no value to vary around) and the patient merge's window count while that merge is off (varying
+    it would re-run the policy unchanged)."""
     return tuple(
         k
         for k in SWEEP_KEYS[cc.policy]
-        if getattr(cc, k) is not None and (k not in SWEEP_NEEDS or getattr(cc, SWEEP_NEEDS[k]) is not None)
+        if getattr(cc, k) is not None and (k != "merge_patient_windows" or cc.patient_merges)
     )
 
 

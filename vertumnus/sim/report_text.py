@@ -57,7 +57,7 @@ def _controller_setting(cc: ControllerConfig) -> str:
                 f"Δ_long {cc.delta_long:g}, persist {cc.persist_windows}, switch {cc.switch_s:g} s")  # fmt: skip
     check = "window ends only" if cc.check_interval_s is None else f"split checks every {cc.check_interval_s:g} s"
     patient = ""
-    if cc.merge_patient_margin is not None and cc.merge_patient_margin < cc.merge_margin:
+    if cc.patient_merges:
         patient = f"; above {cc.merge_patient_margin:g} after {cc.merge_patient_windows} windows"
     return (f"`controller.policy: predictive`: window {cc.window_s:g} s, replay of the last {cc.lookback_windows:g} "
             f"windows (≥ {cc.min_forecast_requests} arrivals), burst look-back {cc.burst_lookback_s:g} s, {check}; "
