@@ -85,15 +85,19 @@ def test_runner_on_a_tiny_workload_derives_everything_from_its_runs(tmp_path: Pa
     set_path = str(_tiny_set(tmp_path))
     calls: list[str] = []
     res = evaluate(set_path, CONFIG, progress=lambda d, t, task: calls.append(
-        f"{task.policy} {task.composition}" + (f" -> {task.target}" if task.target else "")))  # fmt: skip
+        f"{task.policy} {task.composition}" + (f" -> {task.target}" if task.target else "")
+        + (" clairvoyant" if task.clairvoyant else "")))  # fmt: skip
     cfg = load_sim_config(CONFIG)
     comps = all_compositions(cfg)
     assert comps == ["10xCP4", "8xCP4+1xCP8", "6xCP4+2xCP8", "4xCP4+3xCP8", "2xCP4+4xCP8", "5xCP8"]
     (w,) = res.workloads
     best = min(comps, key=lambda c: (w.fixed[c].mean, c))
     assert best != "6xCP4+2xCP8"  # the workload is chosen so that the prescient start has a move to make
-    # the prescient start runs after the fixed compositions: they name its target
-    assert calls == ["vertumnus 6xCP4+2xCP8"] + [f"{STATIC} {c}" for c in comps] + [f"{STATIC} 6xCP4+2xCP8 -> {best}"]
+    # the prescient start runs after the fixed compositions (they name its target), then the clairvoyant controller
+    assert calls == ["vertumnus 6xCP4+2xCP8"] + [f"{STATIC} {c}" for c in comps] + [
+        f"{STATIC} 6xCP4+2xCP8 -> {best}",
+        "vertumnus 6xCP4+2xCP8 clairvoyant",
+    ]
     assert set(w.fixed) == set(comps) and w.start == "6xCP4+2xCP8"
     # The digests are the runs themselves: rerun the start composition and the policy directly.
     gen = load_eval_set(set_path).generate("tiny", cfg, load_cost(cfg))
@@ -131,9 +135,15 @@ def test_runner_on_a_tiny_workload_derives_everything_from_its_runs(tmp_path: Pa
     assert max(r.time_s for r in pre.reconfigs) < 2.0 and pre.summary["reconfigurations"] == steer.began
     assert v.prescient_mean == pre.summary["mean_ttft_s"]
     assert v.prescient_ratio == pre.summary["mean_ttft_s"] / w.fixed[best].mean
+    # the clairvoyant controller: the same policy, its forecast the requests to come
+    clv = Simulation(gen.requests, cfg, cost, "vertumnus", "6xCP4+2xCP8", clairvoyant=True).run()
+    assert v.clairvoyant_mean == clv.summary["mean_ttft_s"] != pol.summary["mean_ttft_s"]
+    assert v.clairvoyant_ratio == clv.summary["mean_ttft_s"] / w.fixed[best].mean
     assert res.geomean("ratio_best") == pytest.approx(v.ratio_best)
     js = res.to_json()
     assert js["workloads"][0]["verdict"]["best_fixed"] == best and js["passed"] == int(v.passed)
+    assert js["geomean_clairvoyant_ratio"] == pytest.approx(v.clairvoyant_ratio)
+    assert "clairvoyant controller" in verdict_line(res)
 
 
 @dataclass
@@ -356,14 +366,14 @@ def test_replicates_run_every_composition_on_the_same_streams_and_report_means(c
     data["replicates"] = 2
     set_path.write_text(yaml.safe_dump(data))
     calls: list[tuple[str, str, int]] = []
-    res = evaluate(str(set_path), CONFIG, progress=lambda d, t, task: calls.append((task.policy, task.composition,
-                                                                                    task.replicate)))  # fmt: skip
+    res = evaluate(str(set_path), CONFIG, progress=lambda d, t, task: calls.append((
+        task.policy + (" clairvoyant" if task.clairvoyant else ""), task.composition, task.replicate)))  # fmt: skip
     cfg = load_sim_config(CONFIG)
     comps = all_compositions(cfg)
-    # every run on both streams, the policy and every fixed composition alike; the prescient start (if the start
-    # is not the best fixed composition) on both streams as well
+    # every run on both streams, the policy, its clairvoyant reference and every fixed composition alike; the
+    # prescient start (if the start is not the best fixed composition) on both streams as well
     extra = list(calls)
-    runs = [("vertumnus", "6xCP4+2xCP8"), *((STATIC, c) for c in comps)]
+    runs = [("vertumnus", "6xCP4+2xCP8"), ("vertumnus clairvoyant", "6xCP4+2xCP8"), *((STATIC, c) for c in comps)]
     for run in [(pol, c, k) for k in (0, 1) for pol, c in runs]:
         extra.remove(run)
     assert sorted(extra) in ([], [(STATIC, "6xCP4+2xCP8", 0), (STATIC, "6xCP4+2xCP8", 1)])

@@ -49,6 +49,11 @@ class TrafficEstimator(Protocol):
     def reconcile_traffic(self, plan: ReconfigPlan) -> float: ...
 
 
+# (now, span_s) -> the arrivals of [now, now + span_s) as the forecast gives them: (offset from now, input length,
+# prefix tokens). Only the evaluation's clairvoyant reference sets one (vertumnus.sim.clairvoyant).
+FutureArrivals = Callable[[float, float], list[tuple[float, int, int]]]
+
+
 @dataclass(slots=True)
 class Candidate:
     op: LatticeOp
@@ -128,6 +133,10 @@ class Controller:
         self.wait_for_forecast = cc.wait_for_min_forecast
         self.switch_from_observed = cc.switch_from_observed
         self.last_decision: Decision | None = None
+        # The clairvoyant reference's hook: the requests that will arrive replace the forecast (span and burst
+        # alike), and no decision waits for a log to forecast from. None (always, outside that reference): the
+        # forecast comes from the arrival log.
+        self.future: FutureArrivals | None = None
         # Predictive decisions off the pool's thread (the server sets this): see _predictive.
         self.defer_decisions = False
         self.pending: PendingDecision | None = None
@@ -246,7 +255,7 @@ class Controller:
             if report is not None:
                 report.reason = "previous decision still being computed"
             return
-        if self.wait_for_forecast and self._too_young(now):
+        if self.future is None and self.wait_for_forecast and self._too_young(now):
             if report is not None:
                 report.reason = "too few arrivals seen yet to forecast"
             return
@@ -298,8 +307,12 @@ class Controller:
             # a between-windows check scores splits only: no merge candidates to build
             for kind in ((ReconfigKind.SPLIT,) if report is None else (ReconfigKind.SPLIT, ReconfigKind.MERGE))
         }
-        picked = self.log.forecast(now, self.lookback_s, self.min_forecast)
-        burst = self.model.arrivals(self.log.burst(now, self.burst_s, self.lookback_s))
+        if self.future is not None:
+            picked = self.future(now, self.lookback_s)
+            burst = self.model.arrivals(picked)
+        else:
+            picked = self.log.forecast(now, self.lookback_s, self.min_forecast)
+            burst = self.model.arrivals(self.log.burst(now, self.burst_s, self.lookback_s))
         workers = worker_states(sched, self.lattice, now)
         switch = self.switch_estimate()
         if self.epochs.inflight:  # (split_in_flight) the targets on their way count as capacity

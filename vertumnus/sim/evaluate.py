@@ -13,6 +13,10 @@ routing and cache manager). From those per-run numbers (:func:`derive`):
   one with the pool's own operations, then held — a reference, not a criterion: its ratio to the best fixed is the
   start-up cost no controller that only converges to the best fixed composition avoids (its runs follow the fixed
   ones, which name the target; a workload that starts on its best fixed composition needs none);
+- the clairvoyant controller (:mod:`vertumnus.sim.clairvoyant`): the policy with the predictive controller's
+  forecast replaced by the requests that will arrive — a reference, not a criterion: its ratio to the best fixed
+  is what the controller still pays with a perfect forecast, and the policy's ratio to it what the forecast's
+  error costs (run only for a policy whose config selects the predictive controller);
 - the issue's "done when" flags: mean ≤ 1.00× best fixed, ≤ 1.02× start held fixed, P90 ≤ best fixed's P90,
   token-weighted SLO attainment ≥ best fixed's, zero lost requests (rejected + failed + unfinished).
 
@@ -159,6 +163,8 @@ class Verdict:
     # Per request stream k: the policy's mean TTFT on stream k ÷ the best fixed composition's (the one chosen on
     # the means) on the same stream k — paired, since both ran the same requests. Empty: stream counts differ.
     stream_ratios: tuple[float, ...] = ()
+    clairvoyant_mean: float = math.nan  # the clairvoyant controller's mean TTFT (nan: not run)
+    clairvoyant_ratio: float = math.nan  # ... ÷ the best fixed composition's
 
     @property
     def passed(self) -> bool:
@@ -182,9 +188,11 @@ def derive(
     start: str,
     labels: Sequence[str] | None = None,
     prescient: RunDigest | None = None,
+    clairvoyant: RunDigest | None = None,
 ) -> Verdict:
     """Best fixed, per-phase oracle, ratios and done-when flags from the per-run numbers alone; ``prescient``:
-    the prescient start's run (None: not run, or — when the start is the best fixed composition — that run)."""
+    the prescient start's run (None: not run, or — when the start is the best fixed composition — that run);
+    ``clairvoyant``: the clairvoyant controller's run (None: not run)."""
     if start not in fixed:
         raise ValueError(f"start composition {start} has no fixed run (have {sorted(fixed)})")
     best_name = best_fixed(fixed)
@@ -214,9 +222,11 @@ def derive(
     pre = prescient.mean if prescient is not None else math.nan
     ps, bs = policy.per_stream, best.per_stream
     streams = tuple(_ratio(a, b) for a, b in zip(ps, bs, strict=True)) if len(ps) == len(bs) else ()
+    clv = clairvoyant.mean if clairvoyant is not None else math.nan
     return Verdict(best_name, best.mean, start, start_mean, oracle, _ratio(policy.mean, best.mean),
                    _ratio(policy.mean, start_mean), _ratio(policy.mean, oracle), phases, flags, pre,
-                   _ratio(pre, best.mean) if prescient is not None else math.nan, streams)  # fmt: skip
+                   _ratio(pre, best.mean) if prescient is not None else math.nan, streams, clv,
+                   _ratio(clv, best.mean) if clairvoyant is not None else math.nan)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -269,6 +279,7 @@ class EvalResult:
             "policy": self.policy, "overrides": dict(self.overrides), "replicates": self.replicates,
             "geomean_ratio_best": self.geomean("ratio_best"), "geomean_ratio_start": self.geomean("ratio_start"),
             "geomean_ratio_oracle": self.geomean("ratio_oracle"),
+            "geomean_clairvoyant_ratio": self.geomean("clairvoyant_ratio"),
             "geomean_ratio_best_per_stream": list(self.stream_geomeans()),
             "passed": self.passed, "workloads": [],
         }  # fmt: skip
@@ -340,6 +351,7 @@ class Task:
     overrides: Overrides = ()
     replicate: int = 0  # request stream (eval_set module docstring)
     target: str = ""  # a prescient start from ``composition`` to this composition ("": none)
+    clairvoyant: bool = False  # the clairvoyant reference of ``policy`` (vertumnus.sim.clairvoyant)
 
 
 @lru_cache(maxsize=4)
@@ -367,7 +379,8 @@ def run_task(task: Task) -> RunDigest:
     gen = _workload(task.set_path, task.config, task.workload, task.replicate)
     run_cfg = apply_overrides(cfg, task.overrides)
     steer = PrescientSteer(parse_composition(task.target)) if task.target else None
-    result = run_policy(gen.requests, run_cfg, cost, task.policy, task.composition, steer=steer)
+    result = run_policy(gen.requests, run_cfg, cost, task.policy, task.composition, steer=steer,
+                        clairvoyant=task.clairvoyant)  # fmt: skip
     summary = {k: result.summary.get(k) for k in SUMMARY_KEYS}
     phases = [{k: s.get(k) for k in PHASE_KEYS} for s in phase_summaries(result.arrays, gen.bounds)]
     return RunDigest(task.policy, task.composition, summary, phases)
@@ -471,6 +484,35 @@ def run_prescient(
     return {t.workload: d for t, d in merged.items()}
 
 
+def has_clairvoyant(p: Plan, policy: str) -> bool:
+    """Whether ``policy`` runs the predictive controller under the plan's config (what the clairvoyant
+    reference replaces the forecast of)."""
+    cc = p.cfg.controller
+    return policy in ("vertumnus", "vertumnus-norepl") and cc.enabled and cc.policy == "predictive"
+
+
+def clairvoyant_tasks(p: Plan, set_path: str, config: str, policy: str) -> list[Task]:
+    """``policy``'s clairvoyant reference on every workload and replicate (none where it has no predictive
+    controller)."""
+    if not has_clairvoyant(p, policy):
+        return []
+    return [replace(t, clairvoyant=True) for t in policy_tasks(p, set_path, config, policy)]
+
+
+def run_clairvoyant(
+    p: Plan,
+    set_path: str,
+    config: str,
+    policy: str,
+    jobs: int = 1,
+    progress: Callable[[int, int, Task], None] | None = None,
+) -> dict[str, RunDigest]:
+    """Run :func:`clairvoyant_tasks`; merged digests by workload (empty: no predictive controller)."""
+    tasks = by_workload(clairvoyant_tasks(p, set_path, config, policy), p.workloads)
+    merged = merge_replicates(dict(zip(tasks, run_tasks(tasks, jobs, progress), strict=True)))
+    return {t.workload: d for t, d in merged.items()}
+
+
 def merge_replicates(digests: Mapping[Task, RunDigest]) -> dict[Task, RunDigest]:
     """Fold the replicate runs of each task into one :func:`mean_digest`, keyed by the task with replicate 0."""
     groups: dict[Task, list[tuple[int, RunDigest]]] = {}
@@ -493,9 +535,10 @@ def assemble(
     fixed_runs: Mapping[tuple[str, str], RunDigest],
     overrides: Overrides = (),
     prescient_runs: Mapping[str, RunDigest] | None = None,
+    clairvoyant_runs: Mapping[str, RunDigest] | None = None,
 ) -> EvalResult:
-    """Verdicts from finished runs (``fixed_runs`` keyed by (workload, composition); ``prescient_runs`` by
-    workload, None: no prescient starts run)."""
+    """Verdicts from finished runs (``fixed_runs`` keyed by (workload, composition); ``prescient_runs`` and
+    ``clairvoyant_runs`` by workload, None: none run)."""
     res = EvalResult(p.eval_set.name, p.eval_set.source, config, p.cost.profile.source, policy, overrides,
                      replicates=p.replicates)  # fmt: skip
     for n in p.workloads:
@@ -508,7 +551,8 @@ def assemble(
         ]  # fmt: skip
         fixed = {c: fixed_runs[(n, c)] for c in p.compositions}
         pre = prescient_runs.get(n) if prescient_runs is not None else None
-        verdict = derive(policy_runs[n], fixed, p.starts[n], [ph.label for ph in gen.phases], pre)
+        clv = clairvoyant_runs.get(n) if clairvoyant_runs is not None else None
+        verdict = derive(policy_runs[n], fixed, p.starts[n], [ph.label for ph in gen.phases], pre, clv)
         res.workloads.append(WorkloadResult(n, spec.pattern, p.starts[n], len(gen.requests), gen.duration_s, layout,
                                             policy_runs[n], fixed, verdict))  # fmt: skip
     return res
@@ -553,4 +597,5 @@ def evaluate(
     pol = {t.workload: merged[t] for t in pt if t.replicate == 0}
     fixed = {(t.workload, t.composition): merged[t] for t in ft if t.replicate == 0}
     pre = run_prescient(p, set_path, config, fixed, jobs, progress)
-    return assemble(p, config, policy, pol, fixed, prescient_runs=pre)
+    clv = run_clairvoyant(p, set_path, config, policy, jobs, progress)
+    return assemble(p, config, policy, pol, fixed, prescient_runs=pre, clairvoyant_runs=clv)

@@ -26,6 +26,7 @@ from vertumnus.pool import PrefillPool
 from vertumnus.profiling.cost_model import CostModel
 from vertumnus.scheduler.scheduler import RequestRejected
 from vertumnus.sim.baselines import SGLangCacheAwarePolicy
+from vertumnus.sim.clairvoyant import ClairvoyantForecast
 from vertumnus.sim.events import EventKind, EventLoop
 from vertumnus.sim.lower_bound import lower_bound
 from vertumnus.sim.metrics import Collector, ReconfigRecord, summarize
@@ -73,11 +74,13 @@ class Simulation:
         drain_limit_s: float = 3600.0,
         decision_delay_s: float | None = None,
         steer: PrescientSteer | None = None,
+        clairvoyant: bool = False,
     ) -> None:
         """``decision_delay_s``: the predictive controller's decisions are computed off the pool (as in the
         server) and acted on this many virtual seconds after their snapshot; None: at once, inline. ``steer``: a
         :class:`~vertumnus.sim.prescient.PrescientSteer` called after every event until it is done (the
-        evaluation's prescient-start reference)."""
+        evaluation's prescient-start reference). ``clairvoyant``: the predictive controller is handed the requests to
+        come instead of its forecast (:mod:`vertumnus.sim.clairvoyant`, the evaluation's clairvoyant reference)."""
         self.requests = sorted(requests, key=lambda r: r.arrival_s)  # stable: equal times keep input order
         self.policy = policy
         self.cfg, router = configure(policy, cfg, composition)
@@ -93,6 +96,14 @@ class Simulation:
         self.pool.add_listener(self.collector)
         self.decision_delay_s = decision_delay_s
         self.steer = steer
+        if clairvoyant:
+            ctl = self.pool.controller
+            if not ctl.enabled or ctl.policy != "predictive":
+                has = f"controller.policy {ctl.policy!r}" if ctl.enabled else f"no controller ({policy!r})"
+                raise ValueError(f"the clairvoyant reference needs the predictive controller; this run has {has}")
+            self.pool.controller.future = ClairvoyantForecast(
+                self.requests, self.pool.cache, self.cfg.cache.block_tokens
+            )
         if decision_delay_s is not None:
             if decision_delay_s < 0:
                 raise ValueError(f"decision_delay_s must be ≥ 0, got {decision_delay_s}")
@@ -167,7 +178,8 @@ class Simulation:
         rounding of the window grid), only the skipped windows' reports are not kept.
         """
         loop = self.loop
-        if loop.pending(EventKind.ENGINE):
+        if loop.pending(EventKind.ENGINE) or self.pool.controller.future is not None:
+            # (a clairvoyant controller's forecast sees the next arrival coming: its ticks are not no-ops)
             self._idle_state = None
             return
         now = loop.now
@@ -282,10 +294,11 @@ def run_policy(
     composition: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     steer: PrescientSteer | None = None,
+    clairvoyant: bool = False,
 ) -> RunResult:
-    """Run ``policy`` (any name of :data:`~vertumnus.sim.policies.POLICIES`) on ``requests`` (``steer``: see
-    :class:`Simulation`)."""
+    """Run ``policy`` (any name of :data:`~vertumnus.sim.policies.POLICIES`) on ``requests`` (``steer``,
+    ``clairvoyant``: see :class:`Simulation`)."""
     if policy == LOWER_BOUND:
         configure(policy, cfg, composition)
         return run_lower_bound(requests, cfg, cost)
-    return Simulation(requests, cfg, cost, policy, composition, steer=steer).run(progress)
+    return Simulation(requests, cfg, cost, policy, composition, steer=steer, clairvoyant=clairvoyant).run(progress)

@@ -26,6 +26,7 @@ from vertumnus.sim.evaluate import (
     merge_replicates,
     plan,
     policy_tasks,
+    run_clairvoyant,
     run_prescient,
     run_tasks,
 )
@@ -172,7 +173,8 @@ def sweep(
         else:
             fixed.setdefault(t.overrides, {})[(t.workload, t.composition)] = d
     pre = run_prescient(p, set_path, config, fixed[()], jobs, progress)
-    base = assemble(p, config, policy, pol[()], fixed[()], prescient_runs=pre)
+    clv = run_clairvoyant(p, set_path, config, policy, jobs, progress)
+    base = assemble(p, config, policy, pol[()], fixed[()], prescient_runs=pre, clairvoyant_runs=clv)
     out = SweepResult(base)
     for key in grid:
         for v in sorted({*grid[key], base_values[key]}):
