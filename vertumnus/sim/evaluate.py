@@ -479,9 +479,7 @@ def run_prescient(
     progress: Callable[[int, int, Task], None] | None = None,
 ) -> dict[str, RunDigest]:
     """Run :func:`prescient_tasks` (after the fixed runs, which name each target); merged digests by workload."""
-    tasks = by_workload(prescient_tasks(p, set_path, config, fixed), p.workloads)
-    merged = merge_replicates(dict(zip(tasks, run_tasks(tasks, jobs, progress), strict=True)))
-    return {t.workload: d for t, d in merged.items()}
+    return run_per_workload(p, prescient_tasks(p, set_path, config, fixed), jobs, progress)
 
 
 def has_clairvoyant(p: Plan, policy: str) -> bool:
@@ -508,8 +506,15 @@ def run_clairvoyant(
     progress: Callable[[int, int, Task], None] | None = None,
 ) -> dict[str, RunDigest]:
     """Run :func:`clairvoyant_tasks`; merged digests by workload (empty: no predictive controller)."""
-    tasks = by_workload(clairvoyant_tasks(p, set_path, config, policy), p.workloads)
-    merged = merge_replicates(dict(zip(tasks, run_tasks(tasks, jobs, progress), strict=True)))
+    return run_per_workload(p, clairvoyant_tasks(p, set_path, config, policy), jobs, progress)
+
+
+def run_per_workload(
+    p: Plan, tasks: Sequence[Task], jobs: int = 1, progress: Callable[[int, int, Task], None] | None = None
+) -> dict[str, RunDigest]:
+    """Run tasks of one kind (at most one per workload and replicate): their replicates merged, by workload."""
+    ordered = by_workload(tasks, p.workloads)
+    merged = merge_replicates(dict(zip(ordered, run_tasks(ordered, jobs, progress), strict=True)))
     return {t.workload: d for t, d in merged.items()}
 
 
@@ -570,9 +575,7 @@ def evaluate_against(
     """``policy`` with ``overrides`` on ``base``'s workloads and request streams, judged against ``base``'s fixed
     runs (none is run again; no prescient starts): an ablation beside an evaluation of the same set and config."""
     p = plan(set_path, config, policy, workloads=[w.name for w in base.workloads], replicates=base.replicates)
-    pt = by_workload(policy_tasks(p, set_path, config, policy, overrides), p.workloads)
-    merged = merge_replicates(dict(zip(pt, run_tasks(pt, jobs, progress), strict=True)))
-    pol = {t.workload: d for t, d in merged.items()}
+    pol = run_per_workload(p, policy_tasks(p, set_path, config, policy, overrides), jobs, progress)
     fixed = {(w.name, c): d for w in base.workloads for c, d in w.fixed.items()}
     return assemble(p, config, policy, pol, fixed, overrides)
 
