@@ -342,8 +342,8 @@ class ControllerConfig(_Section):
     # percent better at a load that lasts never clears merge_margin (AIC steady loads stopped one merge short of
     # the best fixed composition). Off by default since the twenty-sixth stop (2026-12-07), decided again on the
     # tuning set with reconfigurations counted, by the rule the twenty-fourth stop stated before seeing a test set
-    # (a gain within the streams' noise, 0.3%, does not buy more moves): 5 streams, on / off 1.0067 / 1.0230 with
-    # 49.4 / 48.2 reconfigurations against 1.0074 / 1.0248 with 44.8 / 40.8. That stop had seen the test result
+    # (a gain within the streams' noise, 0.3%, does not buy more moves): 5 streams, calibrated / AIC, on 1.0067 /
+    # 1.0230 with 49.4 / 48.2 reconfigurations, off 1.0074 / 1.0248 with 44.8 / 40.8. That stop had seen the test result
     # (it did not pay there), which is written down beside the decision (docs/controller-log.md).
     merge_patient_margin: float | None = Field(
         None,

@@ -307,11 +307,10 @@ class Controller:
             # a between-windows check scores splits only: no merge candidates to build
             for kind in ((ReconfigKind.SPLIT,) if report is None else (ReconfigKind.SPLIT, ReconfigKind.MERGE))
         }
-        if self.future is not None:
-            picked = self.future(now, self.lookback_s)
-            burst = self.model.arrivals(picked)
+        if self.future is not None:  # the requests to come are the span and the burst alike (read-only in the replay)
+            arrivals = burst = self.model.arrivals(self.future(now, self.lookback_s))
         else:
-            picked = self.log.forecast(now, self.lookback_s, self.min_forecast)
+            arrivals = self.model.arrivals(self.log.forecast(now, self.lookback_s, self.min_forecast))
             burst = self.model.arrivals(self.log.burst(now, self.burst_s, self.lookback_s))
         workers = worker_states(sched, self.lattice, now)
         switch = self.switch_estimate()
@@ -323,7 +322,7 @@ class Controller:
             stress = observed_stress(self.demands, recent, self.model.merge_stress)
         age = now - self.log.origin if self.log.origin is not None else 0.0
         return PendingDecision(
-            report, now, workers, self.model.arrivals(picked), ops, burst, self._shape(), stress, self._inflight(),
+            report, now, workers, arrivals, ops, burst, self._shape(), stress, self._inflight(),
             switch, age,
         )  # fmt: skip
 
