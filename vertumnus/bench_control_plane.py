@@ -28,7 +28,7 @@ from vertumnus.config import REPO_ROOT, VertumnusConfig, config_from_dict, forma
 from vertumnus.controller.initial import TRACE_BLOCK_TOKENS, read_trace_lengths
 from vertumnus.instant_plane import EventHeap, InstantPlane
 from vertumnus.pool import PrefillPool
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.types import CacheReport, CacheReportKind, PrefillResult, Request
 
 DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "conversation_first15min.jsonl"

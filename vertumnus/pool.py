@@ -37,7 +37,7 @@ from vertumnus.controller.initial import (
 from vertumnus.controller.lattice import Lattice
 from vertumnus.interfaces import DataPlane, PrefillJob
 from vertumnus.pool_listener import PoolListener, PoolSnapshot, WorkerSnapshot, build_snapshot
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.scheduler.policy import RoutingPolicy
 from vertumnus.scheduler.scheduler import RequestRejected, Scheduler
 from vertumnus.scheduler.table import Ticket

@@ -14,7 +14,7 @@ from vertumnus.cli.main import app
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
 from vertumnus.instant_plane import EventHeap, InstantPlane
 from vertumnus.pool import PrefillPool
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.types import Placement, PrefillResult, ReconfigKind, ReconfigPlan, Request
 
 COST = CostModel.from_file(REPO_ROOT / DEFAULT_PROFILE)

@@ -15,7 +15,7 @@ from vertumnus.cache.ops import OpBook
 from vertumnus.cache.trie import ROOT, Trie
 from vertumnus.cache.workers import WorkerTable
 from vertumnus.config import CacheConfig
-from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
+from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.scheduler.table import Ticket, WorkerInfo
 from vertumnus.scheduler.table import WorkerTable as SchedTable
 from vertumnus.types import (

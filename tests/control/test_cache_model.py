@@ -11,7 +11,7 @@ import pytest
 from vertumnus.cache.block_keys import keys_from_hash_ids
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import CacheConfig
-from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
+from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.types import CacheOpKind, CacheReport, CacheReportKind, ReconfigKind, ReconfigPlan, WorkerGroup
 
 WORKERS = {1: 4, 2: 4, 3: 8, 4: 8, 5: 4}

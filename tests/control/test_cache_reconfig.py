@@ -8,7 +8,7 @@ import pytest
 from vertumnus.cache import reconfigure
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import CacheConfig
-from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
+from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.types import CacheReport, CacheReportKind, PrefixMatch, ReconfigKind, ReconfigPlan, WorkerGroup
 
 P = tuple(range(1, 11))  # 10 blocks: block b on parent rank b mod 8

@@ -7,7 +7,7 @@ import pytest
 
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import CacheConfig
-from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
+from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.types import CacheOp, CacheOpKind, CacheReport, CacheReportKind, PrefixMatch
 
 PROFILE = CostProfile(

@@ -7,7 +7,7 @@ import pytest
 
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import CacheConfig
-from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
+from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.types import CacheReport, CacheReportKind, ReconfigKind, ReconfigPlan, WorkerGroup
 
 # E_4(R, P) = 0.1 + 0.001 R + 0.0005 P + 0.004 R / 4

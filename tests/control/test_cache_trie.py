@@ -6,7 +6,7 @@ import pytest
 
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import CacheConfig
-from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
+from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.types import CacheReport, CacheReportKind, PrefixMatch
 
 

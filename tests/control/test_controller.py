@@ -17,7 +17,7 @@ from vertumnus.controller.epochs import EpochManager, Phase
 from vertumnus.controller.lattice import Lattice
 from vertumnus.controller.rules import Direction, signal
 from vertumnus.interfaces import PrefillJob
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.scheduler import Scheduler
 from vertumnus.types import (
     CacheOp,

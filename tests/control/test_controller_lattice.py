@@ -9,7 +9,7 @@ import pytest
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT
 from vertumnus.controller.initial import History, choose_initial, read_trace_lengths, summarize_history
 from vertumnus.controller.lattice import Lattice, block_tilings, node_tilings
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.types import ReconfigKind, WorkerGroup
 
 COST = CostModel.from_file(REPO_ROOT / DEFAULT_PROFILE)

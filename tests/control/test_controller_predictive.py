@@ -18,7 +18,7 @@ from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
 from vertumnus.controller.lattice import Lattice
 from vertumnus.controller.predictive import ArrivalLog, PredictiveModel, WorkerNow, observed_stress, observed_switch
 from vertumnus.controller.replay import ReplayArrivals, ReplayWorkers, replay_mean_ttft
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.runner import Simulation
 from vertumnus.sim.workload import TraceRecord, build_requests
 from vertumnus.types import ReconfigKind

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT
-from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile, attention_work
+from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile, attention_work
 from vertumnus.profiling.fit import ProfileSample, fit_degree, fit_profile, nnls
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.scheduler import RequestRejected, Scheduler
 from vertumnus.types import PrefixMatch, Request, WorkerState
 

@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.scheduler import PlacementCostPolicy, Scheduler, WorkerView
 from vertumnus.types import PrefixMatch, Request, WorkerState
 

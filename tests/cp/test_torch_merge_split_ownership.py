@@ -22,7 +22,7 @@ from vertumnus.cp.model import ReferenceModel
 from vertumnus.engines.torch.data_plane import TorchDataPlane
 from vertumnus.interfaces import EngineEvents
 from vertumnus.pool import PrefillPool
-from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
+from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.scheduler.policy import WorkerView
 from vertumnus.types import (
     CacheOp,

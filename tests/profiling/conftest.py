@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from vertumnus.config import REPO_ROOT
 from vertumnus.engines.vllm.availability import unavailable
-from vertumnus.profiling.cost_model import CostProfile, DegreeProfile
+from vertumnus.cost_model import CostProfile, DegreeProfile
 
 EXCERPT = REPO_ROOT / "tests" / "data" / "conversation_excerpt.jsonl"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
+from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.profiling.measure import GridPoint
 
 

@@ -17,7 +17,7 @@ import typer
 from typer.testing import CliRunner
 
 from vertumnus.config import REPO_ROOT
-from vertumnus.profiling.cost_model import CostProfile
+from vertumnus.cost_model import CostProfile
 from vertumnus.profiling.measure import read_samples, read_samples_header
 
 # The config whose current profile is the calibrated one: the labels that used to leak into re-fits.

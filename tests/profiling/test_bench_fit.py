@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from vertumnus.profiling.bench import PRESETS, FitBenchResult, run_fit_bench
-from vertumnus.profiling.cost_model import DegreeProfile
+from vertumnus.cost_model import DegreeProfile
 from vertumnus.profiling.fit import DegreeFit
 
 

@@ -19,7 +19,7 @@ from vertumnus.profiling.calibrate import (
     thresholds,
     with_thresholds,
 )
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.inputs import load_workload_requests
 
 SMALL_POOL = {"pool": {"nodes": 1, "gpus_per_node": 8, "degrees": [2, 4, 8], "initial_composition": "2xCP4"}}

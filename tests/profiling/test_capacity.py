@@ -20,7 +20,7 @@ from vertumnus.profiling.capacity import (
     measure_capacity,
     spread_ties,
 )
-from vertumnus.profiling.cost_model import CostModel, CostProfile
+from vertumnus.cost_model import CostModel, CostProfile
 from vertumnus.profiling.targets import SimTarget
 
 

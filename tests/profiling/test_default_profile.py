@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from vertumnus.config import REPO_ROOT, load_config
-from vertumnus.profiling.cost_model import COEFFICIENTS, CostModel, CostProfile
+from vertumnus.cost_model import COEFFICIENTS, CostModel, CostProfile
 from vertumnus.profiling.fit import fit_profile
 from vertumnus.profiling.measure import plot_path, read_samples, samples_path
 

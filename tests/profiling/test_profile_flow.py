@@ -10,7 +10,7 @@ import typer
 from typer.testing import CliRunner
 
 from vertumnus.config import load_config
-from vertumnus.profiling.cost_model import COEFFICIENTS, CostModel, CostProfile, DegreeProfile
+from vertumnus.cost_model import COEFFICIENTS, CostModel, CostProfile, DegreeProfile
 from vertumnus.profiling.flow import FitRejected, ProfileOptions, run_profile
 from vertumnus.profiling.measure import GridSpec, read_samples
 from vertumnus.profiling.targets import SimTarget

@@ -14,7 +14,7 @@ import pytest
 from profile_helpers import PlantedTimer
 
 from vertumnus.config import config_from_dict
-from vertumnus.profiling.cost_model import COEFFICIENTS, CostModel, CostProfile, DegreeProfile
+from vertumnus.cost_model import COEFFICIENTS, CostModel, CostProfile, DegreeProfile
 from vertumnus.profiling.flow import ProfileOptions, run_profile
 from vertumnus.profiling.measure import GridSpec, read_samples
 

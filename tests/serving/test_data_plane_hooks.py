@@ -19,7 +19,7 @@ from server_harness import TEST_CONFIG
 from vertumnus.config import VertumnusConfig, config_from_dict
 from vertumnus.engines.torch.messages import Command, Exported, PrefillDone, RunPrefill
 from vertumnus.interfaces import PrefillJob
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.serving.holds import HoldAt
 from vertumnus.serving.instant import InstantDecode
 from vertumnus.serving.ray_data_plane import RayDataPlane

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from vertumnus.config import REPO_ROOT, VertumnusConfig
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.decision_audit import audit_run, format_report
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.types import Request

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict, parse_composition
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.prescient import PrescientSteer
 from vertumnus.sim.runner import Simulation
 from vertumnus.sim.workload import TraceRecord, build_requests

@@ -10,7 +10,7 @@ import pytest
 from vertumnus.config import config_from_dict
 from vertumnus.engines.sim import SimDataPlane
 from vertumnus.interfaces import PrefillJob
-from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
+from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.sim.events import EventKind, EventLoop
 from vertumnus.types import (
     CacheOp,

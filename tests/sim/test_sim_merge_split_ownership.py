@@ -16,7 +16,7 @@ from vertumnus.cache.manager import CacheManager
 from vertumnus.config import config_from_dict
 from vertumnus.engines.sim import SimDataPlane
 from vertumnus.pool import PrefillPool
-from vertumnus.profiling.cost_model import CostModel, CostProfile, DegreeProfile
+from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.scheduler.policy import WorkerView
 from vertumnus.sim.events import EventLoop
 from vertumnus.types import (

@@ -15,7 +15,7 @@ import numpy as np
 
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, CacheConfig
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.types import CacheReport, CacheReportKind
 
 

@@ -23,7 +23,7 @@ from vertumnus.cache.scan import Candidate, find
 from vertumnus.cache.trie import Trie
 from vertumnus.cache.workers import WorkerInfo, WorkerTable
 from vertumnus.config import CacheConfig
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.types import CacheOp, CacheOpKind, CacheReport, CacheReportKind, PrefixMatch, ReconfigPlan
 
 _NO_PATH = np.zeros(0, np.int64)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from vertumnus.cache.trie import Trie
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 
 
 def marginal_benefit(

@@ -12,7 +12,7 @@ import typer
 
 from vertumnus.bench_control_plane import DEFAULT_TRACE, measure_decision, measure_placement, measure_replay
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 
 # (key, target, "max" = must not exceed / "min" = must reach)
 TARGETS: dict[str, tuple[float, str]] = {

@@ -39,7 +39,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     def validate(config: Path = typer.Option(..., "--config", "-c", help="YAML config file.")) -> None:
         """Validate a config file and the files it names (cost profile, history trace); exit non-zero naming
         the bad key."""
-        from vertumnus.profiling.cost_model import CostProfile
+        from vertumnus.cost_model import CostProfile
 
         cfg = load_config(config)
         problems = missing_files(cfg)

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from vertumnus.config import VertumnusConfig, load_config
-from vertumnus.profiling.cost_model import CostModel, CostProfile
+from vertumnus.cost_model import CostModel, CostProfile
 from vertumnus.profiling.flow import FitRejected, ProfileOptions, ProfileRun, run_profile
 from vertumnus.profiling.measure import GridPoint, GridSpec, parse_float_list, parse_int_list, total_runs
 from vertumnus.profiling.report import profile_table, region_table

@@ -12,7 +12,7 @@ import typer
 
 from vertumnus.cli.paths import OUT_DIR_HELP, output_dir
 from vertumnus.config import VertumnusConfig
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.inputs import Workload, load_cost, load_sim_config, load_workload_requests, report_issues
 from vertumnus.sim.policies import POLICIES, check_policy
 

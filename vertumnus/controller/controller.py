@@ -39,7 +39,7 @@ from vertumnus.controller.predictive import (
 )
 from vertumnus.controller.replay import ReplayArrivals
 from vertumnus.controller.rules import Direction, WindowAccount, WindowReport
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.types import ReconfigKind, ReconfigPlan, WorkerState
 
 SWITCH_MEMORY = 8  # committed reconfigurations whose switch stages the replay's switch price averages

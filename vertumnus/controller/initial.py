@@ -23,7 +23,7 @@ import numpy as np
 
 from vertumnus.cache.block_keys import keys_from_hash_ids
 from vertumnus.controller.lattice import Counts, Lattice
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 
 
 @dataclass(slots=True)

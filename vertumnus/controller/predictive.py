@@ -51,7 +51,7 @@ import numpy as np
 from vertumnus.controller.epochs import EpochManager, Phase
 from vertumnus.controller.lattice import Lattice, LatticeOp
 from vertumnus.controller.replay import ReplayArrivals, ReplayWorkers, replay_mean_ttft
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.scheduler.scheduler import Scheduler
 from vertumnus.types import ReconfigKind, WorkerState
 

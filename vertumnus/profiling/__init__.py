@@ -1,1 +1,1 @@
-"""Cost model, its fitting, and the `vertumnus profile` measurement flow."""
+"""Measurement: `vertumnus profile` targets, the cost model's fitting and per-degree capacities."""

@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from vertumnus.config import VertumnusConfig, config_from_dict
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.types import Request
 
 OBJECTIVES = ("ttft", "slo")

@@ -36,7 +36,7 @@ import numpy as np
 
 from vertumnus.cache.block_keys import keys_from_hash_ids
 from vertumnus.config import VertumnusConfig
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.profiling.targets import ProfilingTarget
 
 TRACE_BLOCK_TOKENS = 512  # Mooncake hash ids cover 512-token blocks

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vertumnus.profiling.cost_model import CostProfile, DegreeProfile, attention_work
+from vertumnus.cost_model import CostProfile, DegreeProfile, attention_work
 
 
 @dataclass(slots=True, frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from vertumnus.profiling.cost_model import CostProfile
+from vertumnus.cost_model import CostProfile
 from vertumnus.profiling.targets import ProfilingTarget, target_notes, target_source
 
 LABELS = ("source", "engine", "model", "hardware")  # the labels --from-samples may override
@@ -46,7 +46,7 @@ class Provenance:
         }
 
     def profile_labels(self) -> dict[str, str]:
-        """Keyword arguments for :class:`~vertumnus.profiling.cost_model.CostProfile` (date: the fit's own)."""
+        """Keyword arguments for :class:`~vertumnus.cost_model.CostProfile` (date: the fit's own)."""
         return {"source": self.source, "engine": self.engine, "model": self.model, "hardware": self.hardware}
 
 

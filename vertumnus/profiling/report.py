@@ -16,7 +16,7 @@ import numpy as np
 from rich import box
 from rich.table import Table
 
-from vertumnus.profiling.cost_model import COEFFICIENTS, CostModel, CostProfile
+from vertumnus.cost_model import COEFFICIENTS, CostModel, CostProfile
 from vertumnus.profiling.measure import Measurement
 
 

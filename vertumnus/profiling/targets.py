@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 from vertumnus.config import VertumnusConfig
-from vertumnus.profiling.cost_model import CostModel, CostProfile
+from vertumnus.cost_model import CostModel, CostProfile
 
 if TYPE_CHECKING:
     from vertumnus.profiling.aic_target import AicSpec

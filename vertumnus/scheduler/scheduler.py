@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vertumnus.config import VertumnusConfig
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.scheduler.policy import PlacementCostPolicy, RoutingPolicy, WorkerView
 from vertumnus.scheduler.table import Ticket, WorkerInfo, WorkerTable
 from vertumnus.types import Placement, PrefixMatch, Request, WorkerState

@@ -57,7 +57,7 @@ def serve_instant(cfg: VertumnusConfig, port: int) -> None:
     """Child process: the real app and pool over the instant engine on 127.0.0.1:``port``."""
     import uvicorn
 
-    from vertumnus.profiling.cost_model import CostModel
+    from vertumnus.cost_model import CostModel
     from vertumnus.serving.app import create_app
     from vertumnus.serving.instant import InstantDataPlane, InstantDecode
     from vertumnus.serving.runtime import ServingRuntime

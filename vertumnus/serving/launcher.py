@@ -29,7 +29,7 @@ import uvicorn
 
 from vertumnus.config import VertumnusConfig
 from vertumnus.interfaces import DataPlane
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.serving.app import create_app
 from vertumnus.serving.handoff import DecodeBackend
 from vertumnus.serving.hosting import RayHosting, start_hosting

@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vertumnus.config import VertumnusConfig
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.eval_set import load_set
 from vertumnus.sim.inputs import load_cost, load_sim_config, resolve
 from vertumnus.sim.kv_capacity import kv_blocks_per_gpu

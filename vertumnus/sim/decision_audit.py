@@ -36,7 +36,7 @@ from vertumnus.config import VertumnusConfig
 from vertumnus.controller.controller import PendingDecision
 from vertumnus.controller.predictive import Decision, Move, PredictiveModel
 from vertumnus.controller.replay import ReplayArrivals
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.runner import RunResult, Simulation
 from vertumnus.types import Request
 

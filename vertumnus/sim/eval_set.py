@@ -32,7 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from vertumnus.config import VertumnusConfig
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.inputs import resolve
 from vertumnus.sim.protocol import Generated, HotPrefixes, LoadPhase, build_phases, generate, load_pool, replicate_seed
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from vertumnus.config import VertumnusConfig, format_composition, parse_composition
 from vertumnus.controller.lattice import Lattice
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.eval_set import EvalSet, load_eval_set
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.phase_stats import phase_summaries

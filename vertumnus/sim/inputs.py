@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vertumnus.config import REPO_ROOT, VertumnusConfig, load_config
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.phases import PhaseWorkload, generate, load_workload
 from vertumnus.sim.workload import ParseIssue, build_requests, parse_slice, read_trace
 from vertumnus.types import Request

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vertumnus.engines.sim.worker import reused_tokens
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.metrics import RequestRecord
 from vertumnus.types import Request
 

@@ -44,7 +44,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from vertumnus.config import VertumnusConfig
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.workload import TraceError, TraceRecord, build_requests, read_trace
 from vertumnus.types import Request
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from vertumnus.config import VertumnusConfig, format_composition
 from vertumnus.controller.lattice import Lattice
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.cache_report import SECTION as CACHE_SECTION
 from vertumnus.sim.cache_report import cache_section
 from vertumnus.sim.eval_results import SECTION as OOS_SECTION

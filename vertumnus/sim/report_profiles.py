@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.phase_stats import PhaseVerdict, phase_summaries, phase_verdicts
 from vertumnus.sim.policies import BASELINES
 

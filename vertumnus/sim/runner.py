@@ -23,7 +23,7 @@ from vertumnus.controller.initial import History, summarize_history
 from vertumnus.controller.predictive import Decision
 from vertumnus.engines.sim import SimDataPlane, SimStats
 from vertumnus.pool import PrefillPool
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.scheduler.scheduler import RequestRejected
 from vertumnus.sim.baselines import SGLangCacheAwarePolicy
 from vertumnus.sim.clairvoyant import ClairvoyantForecast

@@ -33,7 +33,7 @@ from vertumnus.config import VertumnusConfig
 from vertumnus.engines.sim.cache import BlockCache
 from vertumnus.engines.sim.worker import SimStats, SimWorker, reused_tokens
 from vertumnus.interfaces import EngineEvents, PrefillJob
-from vertumnus.profiling.cost_model import CostModel
+from vertumnus.cost_model import CostModel
 from vertumnus.sim.events import EventKind, EventLoop
 from vertumnus.types import (
     CacheOp,
