@@ -221,6 +221,14 @@ def _audit_one(
     )
 
 
+def gate_counts(decisions: Sequence[AuditedDecision]) -> dict[str, int]:
+    """How many decisions each gate decided (Verdict.gate), most first."""
+    counts: dict[str, int] = {}
+    for d in decisions:
+        counts[d.gate] = counts.get(d.gate, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def format_report(name: str, report: AuditReport, moves: bool = False) -> str:
     """The audit of one run as text: forecast error by pool age, moves endorsed / refuted, moves missed."""
     lines = [
@@ -237,6 +245,7 @@ def format_report(name: str, report: AuditReport, moves: bool = False) -> str:
         f" stays where a split would have won by split_margin {report.missed('split')},"
         f" a merge by merge_margin {report.missed('merge')}"
     )
+    lines.append("  decided by: " + ", ".join(f"{g} {n}" for g, n in gate_counts(report.decisions).items()))
     if moves:
         for d in report.moves:
             verdict = "beat staying" if d.endorsed else "lost to staying"
@@ -258,6 +267,7 @@ def report_json(report: AuditReport) -> dict[str, object]:
         "endorsed": report.endorsed,
         "missed_splits": report.missed("split"),
         "missed_merges": report.missed("merge"),
+        "gates": gate_counts(report.decisions),
         "buckets": [{**asdict(b), "hi_s": None if math.isinf(b.hi_s) else b.hi_s} for b in report.buckets],
         "decisions": [asdict(d) for d in report.decisions],
     }
