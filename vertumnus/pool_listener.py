@@ -7,12 +7,14 @@ for a late completion from a worker it was taken away from.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from vertumnus.config import format_composition
 from vertumnus.controller.controller import Controller
 from vertumnus.controller.epochs import EpochManager, Phase
+from vertumnus.controller.predictive import Check
 from vertumnus.scheduler.scheduler import Scheduler
 from vertumnus.types import CacheOp, Placement, PrefillResult, ReconfigPlan, Request, WorkerState
 
@@ -115,9 +117,16 @@ def build_snapshot(
             "rho": r.rho, "requests": r.requests, "long_fraction": r.long_fraction,
             "direction": r.direction.name, "reason": r.reason, "streak": r.streak,
             "switch_s": controller.switch_estimate(),  # what a move's switch is charged now
-            "trail": [asdict(c) for c in r.trail],  # predictive: each gate check (name, passed, value, threshold)
+            "trail": [_check_json(c) for c in r.trail],  # predictive: each gate check (name, passed, value, threshold)
         }  # fmt: skip
     return PoolSnapshot(
         now, epochs.epoch, format_composition(controller.lattice.composition()), workers, backlog,
         len(scheduler.tickets), reconf, last, len(epochs.records), dict(cache.stats()),
     )  # fmt: skip
+
+
+def _check_json(check: Check) -> dict[str, Any]:
+    """A gate check as JSON (a ratio against a zero stay objective, infinite, as null)."""
+    out = asdict(check)
+    out["value"] = check.value if math.isfinite(check.value) else None
+    return out

@@ -8,7 +8,7 @@ and ~0.13 s on CP8; a 64K one 1.85 s on CP4 and 1.28 s on CP8. 5-s windows.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -238,6 +238,21 @@ def test_light_long_load_after_a_split_merges_only_after_two_windows() -> None:
     assert [(r.kind, r.sources, r.targets) for r in res.reconfigs] == [("merge", (0, 1), (2,))]
     assert began(res.reconfigs[0]) == pytest.approx(15.0)
     assert res.summary["completed"] == len(times)
+
+
+def test_a_window_report_and_the_pool_snapshot_carry_the_decisions_trail() -> None:
+    # The light long load above: the window end that merges (15 s) recorded the checks that let the merge through
+    # (no split can be scored on 2xCP4, the smallest degree); /v1/pool shows the last window's trail.
+    c = cfg(1)
+    times = [4.0 * k for k in range(10)]
+    s = sim(c, requests(c, times, 65536), "2xCP4")
+    s.run()
+    (acted,) = [r for r in s.pool.controller.reports if r.acted]
+    assert [(x.name, x.passed) for x in acted.trail] == [("merge margin", True), ("merge stress", True)]
+    assert acted.trail[0].value < acted.trail[0].threshold == pytest.approx(0.95)
+    last = s.pool.snapshot().last_window
+    assert last is not None
+    assert last["trail"] == [asdict(x) for x in s.pool.controller.reports[-1].trail]
 
 
 def test_the_same_light_load_keeps_the_split_while_merges_must_persist_longer() -> None:
