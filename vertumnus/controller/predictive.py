@@ -69,7 +69,9 @@ class PendingDecision:
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """One condition a gate consulted: ``value`` (a candidate's objective ÷ stay's) against ``threshold``."""
+    """One condition a gate consulted: ``value`` (a candidate's objective ÷ stay's, or the worst such ratio over
+    the resamples seen) against ``threshold``. ``passed``: a margin is passed below its threshold, a slack or the
+    stress at or below it (computed on the objectives themselves, not on the rounded ratio)."""
 
     name: str
     passed: bool
