@@ -39,7 +39,7 @@ def run_route(set_path: str, config: str, workload: str, replicate: int, target:
     gen = _workload(set_path, config, workload, replicate)
     goal = parse_composition(target)
     steer = PrescientSteer(goal, at_s=at)
-    sim = Simulation(gen.requests, cfg, cost, "vertumnus-static", start, steer=steer)
+    sim = Simulation(gen.requests, cfg, cost, "vertumnus-static", start, hooks=[steer.hook])
     res = sim.run()
     assert sim.pool.lattice.composition() == goal, f"route ended on {sim.pool.lattice.composition()}, not {goal}"
     assert res.summary["completed"] == len(gen.requests), "a request was lost on the route"

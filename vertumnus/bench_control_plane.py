@@ -258,13 +258,15 @@ def _decision_times(
     times: list[float] = []
     for w in range(windows + 1):  # window 0 warms up (first calls into numpy paths), not timed
         clock[0] = t0 + w * cc.window_s
-        ctl.next_window_end = clock[0]
+        ctl.timers.next_window_end = clock[0]
         c0 = time.thread_time()
         ctl.end_window(clock[0], lambda wid: pool.scheduler.queue_s(wid, clock[0]))
         if w:
             times.append((time.thread_time() - c0) * 1000.0)
         # the same forecast every window: shift the logged arrivals with the clock
-        ctl.log.entries = type(ctl.log.entries)((t + cc.window_s, n_, p) for t, n_, p in ctl.log.entries)
+        if ctl.predictive is not None:
+            log = ctl.predictive.log
+            log.entries = type(log.entries)((t + cc.window_s, n_, p) for t, n_, p in log.entries)
     return times, pool
 
 
@@ -280,7 +282,8 @@ def measure_decision(cost: CostModel, workers: int = 64, rate_rps: float = 60.0,
     rules, _ = _decision_times(cost, "rules", comp, n8 + n4 // 2, rate_rps, windows)
     pred, pool = _decision_times(cost, "predictive", comp, n8 + n4 // 2, rate_rps, windows)
     d = pool.controller.last_decision
+    log = pool.controller.predictive.log.entries if pool.controller.predictive else ()
     return DecisionFigures(
-        workers, len(pool.controller.log.entries), len(pool.scheduler.tickets), float(np.median(rules)),
+        workers, len(log), len(pool.scheduler.tickets), float(np.median(rules)),
         float(max(rules)), float(np.median(pred)), float(max(pred)), d.evaluated if d is not None else 0,
     )  # fmt: skip

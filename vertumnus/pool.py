@@ -35,9 +35,9 @@ from vertumnus.controller.initial import (
     summarize_history,
 )
 from vertumnus.controller.lattice import Lattice
+from vertumnus.cost_model import CostModel
 from vertumnus.interfaces import DataPlane, PrefillJob
 from vertumnus.pool_listener import PoolListener, PoolSnapshot, WorkerSnapshot, build_snapshot
-from vertumnus.cost_model import CostModel
 from vertumnus.scheduler.policy import RoutingPolicy
 from vertumnus.scheduler.scheduler import RequestRejected, Scheduler
 from vertumnus.scheduler.table import Ticket
@@ -325,7 +325,7 @@ class PrefillPool:
         """Jump the timers over an idle stretch: window ends, split checks and cache scans before ``until`` are
         dropped (the simulator calls this once :meth:`idle_state` is a fixed point, so each would be a no-op).
         Returns the windows skipped."""
-        skipped = self.controller.skip_idle(until)
+        skipped = self.controller.timers.advance_idle(until)
         if self._next_scan < until:
             scans = math.ceil((until - self._next_scan) / self._scan_interval)
             self._next_scan += scans * self._scan_interval

@@ -7,12 +7,14 @@ for a late completion from a worker it was taken away from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
 
 from vertumnus.config import format_composition
 from vertumnus.controller.controller import Controller
 from vertumnus.controller.epochs import EpochManager, Phase
+from vertumnus.controller.predictive import Check
 from vertumnus.scheduler.scheduler import Scheduler
 from vertumnus.types import CacheOp, Placement, PrefillResult, ReconfigPlan, Request, WorkerState
 
@@ -64,7 +66,8 @@ class PoolSnapshot:
     backlog: int  # requests waiting for a schedulable worker
     inflight: int  # requests placed and not done
     reconfiguring: str | None  # e.g. "split 3 -> 7,8 (drain)" while an operation is in flight
-    last_window: dict[str, float | int | str | None] | None  # demand_s, capacity_s, rho, requests, ...
+    # demand_s, capacity_s, rho, requests, ..., the reason and (predictive) the trail of gate checks behind it
+    last_window: dict[str, Any] | None
     reconfigs_done: int
     cache: dict[str, float | int] = field(default_factory=dict)  # CacheManager.stats()
 
@@ -106,7 +109,7 @@ def build_snapshot(
         dst = ",".join(str(x.worker_id) for x in cur.plan.targets)
         phase = "drain" if cur.phase == Phase.DRAIN else "switch"
         reconf = f"{cur.plan.kind.name.lower()} {src} -> {dst} ({phase})"
-    last: dict[str, float | int | str | None] | None = None
+    last: dict[str, Any] | None = None
     if controller.reports:
         r = controller.reports[-1]
         last = {
@@ -114,8 +117,16 @@ def build_snapshot(
             "rho": r.rho, "requests": r.requests, "long_fraction": r.long_fraction,
             "direction": r.direction.name, "reason": r.reason, "streak": r.streak,
             "switch_s": controller.switch_estimate(),  # what a move's switch is charged now
+            "trail": [_check_json(c) for c in r.trail],  # predictive: each gate check (name, passed, value, threshold)
         }  # fmt: skip
     return PoolSnapshot(
         now, epochs.epoch, format_composition(controller.lattice.composition()), workers, backlog,
         len(scheduler.tickets), reconf, last, len(epochs.records), dict(cache.stats()),
     )  # fmt: skip
+
+
+def _check_json(check: Check) -> dict[str, Any]:
+    """A gate check as JSON (a ratio against a zero stay objective, infinite, as null)."""
+    out = asdict(check)
+    out["value"] = check.value if math.isfinite(check.value) else None
+    return out

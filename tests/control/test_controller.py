@@ -16,8 +16,8 @@ from vertumnus.controller.controller import Controller
 from vertumnus.controller.epochs import EpochManager, Phase
 from vertumnus.controller.lattice import Lattice
 from vertumnus.controller.rules import Direction, signal
-from vertumnus.interfaces import PrefillJob
 from vertumnus.cost_model import CostModel
+from vertumnus.interfaces import PrefillJob
 from vertumnus.scheduler import Scheduler
 from vertumnus.types import (
     CacheOp,
@@ -142,7 +142,7 @@ class Rig:
     def window(self, demand_s: float, n: int = 10, n_long: int = 0) -> Any:
         for k in range(n):
             self.ctl.observe(demand_s / n, 40_000 if k < n_long else 1000)
-        end = self.ctl.next_window_end
+        end = self.ctl.timers.next_window_end
         return self.ctl.end_window(end, self.q(end))
 
 

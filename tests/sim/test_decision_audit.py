@@ -80,6 +80,10 @@ def test_a_surge_after_a_quiet_spell_shows_the_forecast_short_and_the_missed_spl
     # The splits the controller began once the surge showed are the ones the truth endorses.
     assert report.moves and all(d.acted is not None and d.acted.startswith("split") for d in report.moves)
     assert report.endorsed == len(report.moves)
+    # each move was decided by a split gate, whose passed checks lead the trail to it
+    for d in report.moves:
+        assert d.gate in ("span-split", "burst-split") and d.trail and d.trail[-1]["passed"] is True
+        assert d.trail[-1]["name"].startswith(d.gate)
     assert report.operations_begun == report.run.summary["reconfigurations"] >= len(report.moves)
     text = format_report("surge", report, moves=True)
     n = len(report.moves)
@@ -108,6 +112,8 @@ def test_the_audit_command_prints_and_writes_every_decision(tmp_path: Path) -> N
     data = json.loads(out.read_text())["tiny"]
     assert f"{len(data['decisions'])} decisions audited" in r.stdout
     assert data["moves"] == sum(1 for d in data["decisions"] if d["acted"] is not None)
+    assert sum(data["gates"].values()) == len(data["decisions"]) and "decided by: " in r.stdout
+    assert all({"name", "passed", "value", "threshold"} == set(c) for d in data["decisions"] for c in d["trail"])
     assert all(b["decisions"] > 0 for b in data["buckets"])
 
 

@@ -14,6 +14,7 @@ import yaml
 
 from vertumnus.cli.main import main
 from vertumnus.config import parse_composition
+from vertumnus.sim.clairvoyant import clairvoyant_forecaster
 from vertumnus.sim.eval_report import HEAD, markdown_phases, markdown_summary, row, verdict_line, workload_heading
 from vertumnus.sim.eval_results import default_sweep_keys
 from vertumnus.sim.eval_set import load_eval_set
@@ -130,13 +131,13 @@ def test_runner_on_a_tiny_workload_derives_everything_from_its_runs(tmp_path: Pa
     assert v.flags["p90<=best"] == (w.policy.p90 <= w.fixed[best].p90)
     # the prescient start: the start composition steered to the best one from t = 0, then held
     steer = PrescientSteer(parse_composition(best))
-    pre = Simulation(gen.requests, cfg, cost, STATIC, "6xCP4+2xCP8", steer=steer).run()
+    pre = Simulation(gen.requests, cfg, cost, STATIC, "6xCP4+2xCP8", hooks=[steer.hook]).run()
     assert steer.done and steer.began >= 1 and pre.summary["final_composition"] == best
     assert max(r.time_s for r in pre.reconfigs) < 2.0 and pre.summary["reconfigurations"] == steer.began
     assert v.prescient_mean == pre.summary["mean_ttft_s"]
     assert v.prescient_ratio == pre.summary["mean_ttft_s"] / w.fixed[best].mean
     # the clairvoyant controller: the same policy, its forecast the requests to come
-    clv = Simulation(gen.requests, cfg, cost, "vertumnus", "6xCP4+2xCP8", clairvoyant=True).run()
+    clv = Simulation(gen.requests, cfg, cost, "vertumnus", "6xCP4+2xCP8", forecaster=clairvoyant_forecaster).run()
     assert v.clairvoyant_mean == clv.summary["mean_ttft_s"] != pol.summary["mean_ttft_s"]
     assert v.clairvoyant_ratio == clv.summary["mean_ttft_s"] / w.fixed[best].mean
     assert res.geomean("ratio_best") == pytest.approx(v.ratio_best)

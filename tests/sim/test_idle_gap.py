@@ -8,6 +8,7 @@ import csv
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -69,16 +70,21 @@ def test_jumping_an_idle_gap_gives_the_walks_results(
     cfg = load_sim_config(None)
     cfg.controller.policy = controller  # type: ignore[assignment]
     cfg.cache.policy = cache  # type: ignore[assignment]
-    if startup_span_s is not None:
-        cfg.controller.startup_span_s = startup_span_s
-        cfg.controller.startup_check_interval_s = 0.3
     cost = load_cost(cfg)
     wl = load_workload_requests(cfg, str(trace))
-    jumped = Simulation(wl.requests, cfg, cost, policy, composition)
+
+    def simulation() -> Simulation:
+        sim = Simulation(wl.requests, cfg, cost, policy, composition)
+        ctl = sim.pool.controller
+        if startup_span_s is not None and ctl.params is not None:
+            ctl.use_params(replace(ctl.params, startup_span_s=startup_span_s, startup_check_interval_s=0.3))
+        return sim
+
+    jumped = simulation()
     r_jump = jumped.run()
     assert jumped.idle_windows_skipped > 0 or not jumped.cfg.controller.enabled
     monkeypatch.setattr(Simulation, "_idle_tick", lambda self: None)  # the walk: every tick of the gap runs
-    walked = Simulation(wl.requests, cfg, cost, policy, composition)
+    walked = simulation()
     r_walk = walked.run()
     assert walked.idle_windows_skipped == 0
     assert r_jump.summary["events"] < r_walk.summary["events"]
@@ -90,8 +96,8 @@ def test_jumping_an_idle_gap_gives_the_walks_results(
         assert r_jump.summary[key] == r_walk.summary[key], key
     # the timers' grids are the walk's too (up to float rounding: the jump multiplies what the walk adds)
     cj, cw = jumped.pool.controller, walked.pool.controller
-    assert cj.next_window_end == pytest.approx(cw.next_window_end, abs=1e-6)
-    assert cj.next_check == pytest.approx(cw.next_check, abs=1e-6)
+    assert cj.timers.next_window_end == pytest.approx(cw.timers.next_window_end, abs=1e-6)
+    assert cj.timers.next_check == pytest.approx(cw.timers.next_check, abs=1e-6)
 
 
 def _requests_csv(out: Path) -> dict[str, dict[str, str]]:

@@ -35,7 +35,7 @@ def requests(config: Any, n: int, gap_s: float, length: int = 4096) -> list[Any]
 
 def steer_run(config: Any, start: str, target: str, reqs: list[Any]) -> tuple[PrescientSteer, Any]:
     steer = PrescientSteer(parse_composition(target))
-    res = Simulation(reqs, config, COST, "vertumnus-static", start, steer=steer).run()
+    res = Simulation(reqs, config, COST, "vertumnus-static", start, hooks=[steer.hook]).run()
     return steer, res
 
 
@@ -46,7 +46,7 @@ def test_merges_all_begin_at_once_and_the_pool_then_holds(at_s: float) -> None:
     c = cfg(2, [4, 8])
     reqs = requests(c, 80, 0.1)
     steer = PrescientSteer(parse_composition("2xCP8"), at_s=at_s)
-    res = Simulation(reqs, c, COST, "vertumnus-static", "4xCP4", steer=steer).run()
+    res = Simulation(reqs, c, COST, "vertumnus-static", "4xCP4", hooks=[steer.hook]).run()
     assert steer.done and steer.began == 2
     assert sorted((r.kind, r.sources) for r in res.reconfigs) == [("merge", (0, 1)), ("merge", (2, 3))]
     assert all(r.time_s - r.drain_s - r.switch_s == pytest.approx(at_s) for r in res.reconfigs)

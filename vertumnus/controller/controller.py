@@ -1,22 +1,22 @@
-"""The window-based controller: measure each window, decide a direction, pick lattice moves, run them.
+"""The window-based controller: measure each window, ask the policy, run the moves it begins.
 
-Two decision policies share the window accounting, the lattice and the epoch protocol:
-``rules`` (the paper's ρ / long-share thresholds, :mod:`vertumnus.controller.rules`, one operation at a time)
-and ``predictive`` (:mod:`vertumnus.controller.predictive`: replay the recent arrivals on the current,
-adjacent and multi-operation compositions and move where the predicted mean TTFT is lowest).
+The shell owns what every policy shares: the window account and its reports, the timers (window ends, split
+checks), the lattice and the epoch protocol, the switch price, and the life of a decision computed off the
+pool's thread (prepared here, computed anywhere, acted on here unless the pool changed meanwhile). The policy
+decides: :class:`~vertumnus.controller.rules_policy.RulesPolicy` (the paper's ρ / long-share thresholds) or
+:class:`~vertumnus.controller.predictive_policy.PredictivePolicy` (replay a forecast on candidate moves).
 
-Rule-policy operation choice among topology-compatible moves of the decided direction (all participants ACTIVE):
-  1. smallest predicted drain time = max q_w(now) over the participating workers (they drain in parallel);
-  2. then the least expected KV-reconciliation traffic (``cache.reconcile_traffic(plan)``), evaluated only
-     for the moves tied on (1);
-  3. then the lowest source worker id (deterministic).
-A merge of two degree-C siblings is admitted only if the merged composition still has D_k ≤ θ_up·K', with
-K' = K − 2κ_C + κ_{2C}.
+Injection points (generic; the server and the simulator use them alike):
+  - :meth:`Controller.add_observer`: told every computed predictive decision with the move it began;
+  - :meth:`Controller.use_forecaster`: replaces the predictive policy's forecasts (span and burst);
+  - :attr:`Controller.defer_decisions` / :meth:`take_pending` / :meth:`decide` / :meth:`finish`: compute the
+    decision elsewhere (a thread, or a simulated delay);
+  - :attr:`Controller.timers`: the clock grid (:meth:`~vertumnus.controller.timers.ControllerTimers.advance_idle`
+    jumps an idle gap).
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,34 +24,44 @@ from typing import Protocol
 
 from vertumnus.config import VertumnusConfig
 from vertumnus.controller.epochs import EpochManager
+from vertumnus.controller.forecast import Forecaster
 from vertumnus.controller.initial import History
 from vertumnus.controller.lattice import Lattice, LatticeOp
-from vertumnus.controller.predictive import (
-    ArrivalLog,
-    Decision,
-    Move,
-    PredictiveModel,
-    WorkerNow,
-    incoming_workers,
-    observed_stress,
-    observed_switch,
-    worker_states,
-)
-from vertumnus.controller.replay import ReplayArrivals
-from vertumnus.controller.rules import Direction, WindowAccount, WindowReport
+from vertumnus.controller.params import ControllerParams, PredictiveParams, RulesParams
+from vertumnus.controller.predictive import PendingDecision, Verdict
+from vertumnus.controller.predictive_policy import PredictivePolicy
+from vertumnus.controller.rules import WindowAccount, WindowReport
+from vertumnus.controller.rules_policy import RulesPolicy
+from vertumnus.controller.scoring import Move, observed_switch
+from vertumnus.controller.timers import ControllerTimers
 from vertumnus.cost_model import CostModel
 from vertumnus.types import ReconfigKind, ReconfigPlan, WorkerState
 
 SWITCH_MEMORY = 8  # committed reconfigurations whose switch stages the replay's switch price averages
+
+QueueS = Callable[[int], float]  # worker id -> q_w(now)
+# Told every computed predictive decision: its snapshot, its verdict and the move it began (None: none began,
+# stale decisions included). E.g. the decision audit (vertumnus/sim/decision_audit.py), a log.
+DecisionObserver = Callable[[PendingDecision, Verdict, Move | None], None]
 
 
 class TrafficEstimator(Protocol):
     def reconcile_traffic(self, plan: ReconfigPlan) -> float: ...
 
 
-# (now, span_s) -> the arrivals of [now, now + span_s) as the forecast gives them: (offset from now, input length,
-# prefix tokens). Only the evaluation's clairvoyant reference sets one (vertumnus.sim.clairvoyant).
-FutureArrivals = Callable[[float, float], list[tuple[float, int, int]]]
+class Policy(Protocol):
+    """What a decision policy answers to: a window closed, a split check is due (plus the arrivals it sees)."""
+
+    name: str
+
+    @property
+    def first_arrival(self) -> float | None: ...
+
+    def observe(self, arrival_s: float, input_len: int, cached_tokens: int) -> None: ...
+
+    def window_end(self, report: WindowReport, now: float, queue_s: QueueS) -> None: ...
+
+    def check(self, now: float) -> None: ...
 
 
 @dataclass(slots=True)
@@ -61,25 +71,8 @@ class Candidate:
     traffic: float | None = None
 
 
-@dataclass(slots=True)
-class PendingDecision:
-    """A predictive decision's inputs, snapshotted on the pool's thread: plain data only."""
-
-    report: WindowReport | None  # None: a between-windows split check
-    now: float
-    workers: list[WorkerNow]
-    arrivals: ReplayArrivals
-    ops: dict[ReconfigKind, list[LatticeOp]]
-    burst: ReplayArrivals | None
-    shape: tuple[tuple[int, int], ...]
-    merge_stress: float | None = None  # this decision's stress factor (None: the configured one)
-    inflight: tuple[int, ...] = ()  # epochs of the plans in flight when it was prepared
-    switch_s: float | None = None  # what a move's switch costs (None: the configured switch_s)
-    age_s: float = math.inf  # seconds since the pool's first arrival (inf: not known)
-
-
 class Controller:
-    """Owns the lattice, the window account and the epoch protocol (through :class:`EpochManager`)."""
+    """Owns the lattice, the window account, the timers and the epoch protocol (through :class:`EpochManager`)."""
 
     def __init__(
         self,
@@ -90,123 +83,79 @@ class Controller:
         traffic: TrafficEstimator,
         history: History | None = None,
     ) -> None:
-        cc = cfg.controller
-        self.enabled = cc.enabled
-        self.window_s = cc.window_s
-        self.theta_up = cc.theta_up
-        self.theta_low = cc.theta_low
-        self.delta_long = cc.delta_long
-        self.long_threshold = cc.long_threshold_tokens
-        self.persist_windows = cc.persist_windows
+        shell = ControllerParams.from_config(cfg)
+        self.enabled = shell.enabled
+        self.window_s = shell.window_s
+        self.long_threshold = shell.long_threshold_tokens
+        self.switch_prior = shell.switch_s
+        self.rules = RulesParams.from_config(cfg)
         self.lattice = lattice
         self.epochs = epochs
         self.traffic = traffic
         self.account = WindowAccount(history.long_share if history is not None else None)
         self.reports: deque[WindowReport] = deque(maxlen=256)
-        self.next_window_end = float("inf")
         self._kappa: dict[int, float] = {}
         if self.enabled:
             self._kappa = {c: cost.kappa(c, self.window_s) for c in lattice.degrees}
-        self.policy = cc.policy
-        self.lookback_s = cc.lookback_windows * cc.window_s
-        self.min_forecast = cc.min_forecast_requests
-        self.persist_split = cc.split_persist_windows
-        self.persist_merge = cc.merge_persist_windows
-        self.persist_patient = cc.merge_patient_windows
-        self.log = ArrivalLog(self.lookback_s, cc.min_forecast_requests)
-        # every window's demand D_k, the last merge_stress_windows of them: the swings the merge stress is sized by
-        self.demands: deque[float] = deque(maxlen=max(1, cc.merge_stress_windows))
-        self.stress_windows = cc.merge_stress_windows
-        self.check_interval_s = cc.check_interval_s if cc.policy == "predictive" else None
-        self.startup_check_s = cc.startup_check_interval_s
-        self.startup_span_s = cc.startup_span_s
-        self.burst_s = cc.burst_lookback_s
-        # predictive: keep looking for splits (on ACTIVE workers) while plans are in flight
-        self.split_in_flight = cc.policy == "predictive" and cc.split_while_reconfiguring
-        self.next_check = float("inf")  # predictive: next between-windows split check
-        self.model = PredictiveModel(
-            cost, lattice.degrees, cfg.scheduler.beta, cfg.scheduler.lam, cc.switch_s, cc.max_concurrent_ops,
-            cc.split_margin, cc.merge_margin, cc.merge_stress, cc.burst_split_margin, cc.max_concurrent_merges,
-            cc.burst_split_full_slack, cc.forecast_rate_spread, cc.split_resamples, cc.split_resample_after_s,
-            cc.burst_resample_slack, cc.merge_patient_margin,
-        )  # fmt: skip
-        self.wait_for_forecast = cc.wait_for_min_forecast
-        self.switch_from_observed = cc.switch_from_observed
-        self.last_decision: Decision | None = None
-        # The clairvoyant reference's hook: the requests that will arrive replace the forecast (span and burst
-        # alike), and no decision waits for a log to forecast from. None (always, outside that reference): the
-        # forecast comes from the arrival log.
-        self.future: FutureArrivals | None = None
-        # Predictive decisions off the pool's thread (the server sets this): see _predictive.
+        self._cost = cost
+        self.predictive: PredictivePolicy | None = None
+        self.policy: Policy = RulesPolicy(self, self.rules)
+        self.demands: deque[float] = deque(maxlen=1)
+        self.timers = ControllerTimers(self.window_s, self.account, lambda: self.policy.first_arrival)
+        if shell.policy == "predictive":
+            self.use_params(PredictiveParams.from_config(cfg))
+        # Decisions off the pool's thread (the server sets this): see request_decision.
         self.defer_decisions = False
         self.pending: PendingDecision | None = None
         self._deciding: PendingDecision | None = None
         self.stale_decisions = 0
-        # Called after every computed predictive decision with the move it began (None: none began, stale
-        # decisions included): the simulator's decision audit (vertumnus/sim/decision_audit.py) listens here.
-        self.decision_listeners: list[Callable[[PendingDecision, Decision, Move | None], None]] = []
+        self.last_decision: Verdict | None = None
+        self.observers: list[DecisionObserver] = []
 
+    # -- injection points -----------------------------------------------------------------------------------
+    def add_observer(self, observer: DecisionObserver) -> None:
+        """Tell ``observer`` every computed predictive decision (after it was acted on, or found stale)."""
+        self.observers.append(observer)
+
+    def use_forecaster(self, forecaster: Forecaster) -> None:
+        """Replace the predictive policy's forecasts (span and burst alike) by ``forecaster``'s (ValueError
+        without the predictive policy)."""
+        if self.predictive is None:
+            raise ValueError(f"a forecaster needs the predictive controller; this one runs {self.policy.name!r}")
+        self.predictive.use_forecaster(forecaster)
+
+    def use_params(self, params: PredictiveParams) -> None:
+        """Run the predictive policy with ``params`` (the configured ones at construction; an experiment's or a
+        test's before :meth:`start`)."""
+        self.policy = self.predictive = PredictivePolicy(self, params, self._cost)
+        # every window's demand D_k, the last few: the swings the merge stress is sized by
+        self.demands = deque(maxlen=max(1, params.merge_stress_windows))
+        checks = (params.check_interval_s, params.startup_check_interval_s, params.startup_span_s)
+        self.timers = ControllerTimers(self.window_s, self.account, lambda: self.policy.first_arrival, *checks)
+
+    @property
+    def params(self) -> PredictiveParams | None:
+        """The predictive policy's parameters (None under another policy)."""
+        return self.predictive.params if self.predictive is not None else None
+
+    # -- timers and windows ---------------------------------------------------------------------------------
     def start(self, now: float) -> None:
         """Open the first window at ``now``."""
         if self.enabled:
-            self.next_window_end = now + self.window_s
-            if self.check_interval_s is not None:
-                self.next_check = now + self._check_step(now)
+            self.timers.start(now)
 
     def next_timer(self) -> float:
         """The next instant the controller has work (window end or split check)."""
-        return min(self.next_window_end, self.next_check)
+        return self.timers.next()
 
-    def on_timer(self, now: float, queue_s: Callable[[int], float]) -> None:
-        """Close every window that ended by ``now``; run a due split check (predictive) otherwise."""
+    def on_timer(self, now: float, queue_s: QueueS) -> None:
+        """Close every window that ended by ``now``; run a due split check otherwise."""
         closed = False
-        while self.next_window_end <= now:
+        while self.timers.next_window_end <= now:
             self.end_window(now, queue_s)
             closed = True
-        if self.next_check <= now:
-            assert self.check_interval_s is not None
-            while self.next_check <= now:
-                self.next_check += self._check_step(self.next_check)
-            if not closed and (self.epochs.current is None or self.split_in_flight) and self._splittable():
-                self._predictive(None, now)
-
-    def _splittable(self) -> bool:
-        """Some ACTIVE worker can be split. A split check scores splits only, so without one it could only
-        say "stay": it is skipped (at the smallest degree everywhere — e.g. 10xCP4 — a quarter to a third of a
-        busy trace's checks, each a few hundred µs of replay)."""
-        state = self.epochs.scheduler.state
-        split_of = self.lattice.split_of
-        return any(state(wid) == WorkerState.ACTIVE and split_of(wid) is not None for wid in self.lattice.groups)
-
-    def skip_idle(self, until: float) -> int:
-        """Drop every window end and split check before ``until`` as the no-op it would be; returns the windows
-        skipped (their indices are used up). Only for an idle pool at a fixed point (the simulator's idle-gap
-        jump, :meth:`vertumnus.pool.PrefillPool.skip_idle`): an empty window then closes with no effect."""
-        skipped = _grid_steps(self.next_window_end, self.window_s, until)
-        self.next_window_end += skipped * self.window_s
-        self.account.index += skipped
-        if self.check_interval_s is not None:
-            # the walk's grid: start-up steps up to the first instant at or past the start-up span's end (within
-            # the gap, if the span ends there), normal steps after it; before any arrival only start-up steps
-            origin = self.log.origin
-            if self.startup_check_s is not None and origin is not None:
-                edge = min(until, origin + self.startup_span_s)
-                self.next_check += _grid_steps(self.next_check, self.startup_check_s, edge) * self.startup_check_s
-            step = self._check_step(self.next_check)
-            self.next_check += _grid_steps(self.next_check, step, until) * step
-        return skipped
-
-    def _check_step(self, t: float) -> float:
-        """The split-check period at instant ``t``: ``startup_check_interval_s`` before the pool's first arrival
-        and within ``startup_span_s`` of it, ``check_interval_s`` after. Why: from a start composition far below
-        a load near capacity the backlog built before the first split outlasts the start-up (each half second
-        of delay cost ~2% of a whole run's mean TTFT on the tuning set), while later splits answer a forecast
-        that changes over seconds."""
-        assert self.check_interval_s is not None
-        origin = self.log.origin
-        if self.startup_check_s is not None and (origin is None or t < origin + self.startup_span_s):
-            return self.startup_check_s
-        return self.check_interval_s
+        if self.timers.check_due(now) and not closed and self.epochs.current is None:
+            self.policy.check(now)
 
     def capacity(self, composition: dict[int, int] | None = None) -> float:
         """K = Σ_w κ_{C_w} over a composition (default: the current one)."""
@@ -216,68 +165,46 @@ class Controller:
     def observe(
         self, predicted_s: float, input_len: int, cached_tokens: int = 0, arrival_s: float | None = None
     ) -> None:
-        """A request's first placement in the current window (adds Ê_{i,w_i} to D_k; logs it for the forecast)."""
+        """A request's first placement in the current window (adds Ê_{i,w_i} to D_k; the policy sees it)."""
         self.account.observe(predicted_s, input_len > self.long_threshold)
-        if arrival_s is not None and self.policy == "predictive":
-            self.log.add(arrival_s, input_len, cached_tokens)
+        if arrival_s is not None:
+            self.policy.observe(arrival_s, input_len, cached_tokens)
 
-    def end_window(self, now: float, queue_s: Callable[[int], float]) -> WindowReport:
-        """Close the window ending at ``self.next_window_end`` and maybe begin one operation."""
-        end = self.next_window_end
-        self.next_window_end = end + self.window_s
-        cap = self.capacity()
-        report = self.account.close(end, cap, self.theta_low, self.theta_up, self.delta_long)
+    def end_window(self, now: float, queue_s: QueueS) -> WindowReport:
+        """Close the window ending at the timers' window end and let the policy decide (not while an operation
+        runs: such a window does not count towards persistence)."""
+        end = self.timers.close_window()
+        r = self.rules
+        report = self.account.close(end, self.capacity(), r.theta_low, r.theta_up, r.delta_long)
         self.reports.append(report)
         self.demands.append(report.demand_s)
         if self.epochs.current is not None:
             self.account.busy()
-            if self.split_in_flight:  # a window end while plans run: a split check, as between windows
-                self._predictive(None, now)
             return report
-        if self.policy == "predictive":
-            self._predictive(report, now)
-            return report
-        chosen: Candidate | None = None
-        if report.signal != Direction.NONE:
-            kind = ReconfigKind.SPLIT if report.signal == Direction.SPLIT else ReconfigKind.MERGE
-            chosen = self.choose(kind, report.demand_s, queue_s)
-        direction = report.signal if chosen is not None else Direction.NONE
-        if self.account.persist(report, direction, self.persist_windows) and chosen is not None:
-            self.account.acted(report)
-            self.epochs.begin(self._plan(chosen), now)
+        self.policy.window_end(report, now, queue_s)
         return report
 
-    def _predictive(self, report: WindowReport | None, now: float) -> None:
-        """The predictive policy's window end, or (``report`` None) a between-windows split check. With
-        ``defer_decisions`` the replay is left to the caller (:meth:`take_pending` → :meth:`decide` on any
-        thread → :meth:`finish` on the pool's thread); otherwise it runs here."""
+    # -- decisions (inline, or computed elsewhere) ----------------------------------------------------------
+    def request_decision(self, report: WindowReport | None, now: float) -> None:
+        """Prepare a predictive decision (``report`` None: a split check). With ``defer_decisions`` the caller
+        computes it (:meth:`take_pending` → :meth:`decide` on any thread → :meth:`finish` on the pool's
+        thread); otherwise it runs here."""
         if self.pending is not None or self._deciding is not None:
             if report is not None:
                 report.reason = "previous decision still being computed"
             return
-        if self.future is None and self.wait_for_forecast and self._too_young(now):
-            if report is not None:
-                report.reason = "too few arrivals seen yet to forecast"
+        assert self.predictive is not None
+        job = self.predictive.prepare(report, now)
+        if job is None:
             return
-        job = self._prepare(report, now)
         if self.defer_decisions:
             self.pending = job
             return
         self.finish(job, self.decide(job), now)
 
-    def _too_young(self, now: float) -> bool:
-        """The pool's first arrival came less than a forecast span ago, it has seen fewer than
-        ``min_forecast_requests`` arrivals and none is waiting: too little to forecast from. (The young log's
-        forecast tiles what it saw over the span: a second's handful of long requests would be forecast as ten
-        seconds of them. A waiting request is evidence of overload of its own, and decides at once.)"""
-        if not self.log.too_young(now, self.lookback_s, self.min_forecast):
-            return False
-        sched = self.epochs.scheduler
-        return not any(sched.waiting_at(wid) for wid in self.lattice.groups)
-
     def take_pending(self) -> PendingDecision | None:
         """The prepared decision waiting to be computed (None if none); it is then *in flight* until
-        :meth:`finish` — no other predictive decision is prepared meanwhile."""
+        :meth:`finish` — no other decision is prepared meanwhile."""
         job, self.pending = self.pending, None
         self._deciding = job
         return job
@@ -287,110 +214,52 @@ class Controller:
         if self._deciding is job:
             self._deciding = None
 
-    def decide(self, job: PendingDecision) -> Decision:
-        """The replay: pure in the prepared snapshot (reads no pool state), so it may run off the pool's thread."""
-        return self.model.decide(
-            job.workers, job.arrivals, job.ops, job.burst, splits_only=job.report is None,
-            merge_stress=job.merge_stress, switch_s=job.switch_s, age_s=job.age_s,
-        )  # fmt: skip
+    def decide(self, job: PendingDecision) -> Verdict:
+        """The decision: pure in the prepared snapshot (reads no pool state), so it may run off the pool's thread."""
+        assert self.predictive is not None
+        return self.predictive.decide(job)
 
-    def _prepare(self, report: WindowReport | None, now: float) -> PendingDecision:
-        sched = self.epochs.scheduler
-        ops = {
-            kind: [
-                c.op
-                for c in sorted(
-                    self.candidates(kind, 0.0, lambda w: sched.queue_s(w, now), admit=False),
-                    key=lambda c: (c.drain_s, c.op.sources[0].worker_id),
-                )
-            ]
-            # a between-windows check scores splits only: no merge candidates to build
-            for kind in ((ReconfigKind.SPLIT,) if report is None else (ReconfigKind.SPLIT, ReconfigKind.MERGE))
-        }
-        if self.future is not None:  # the requests to come are the span and the burst alike (read-only in the replay)
-            arrivals = burst = self.model.arrivals(self.future(now, self.lookback_s))
-        else:
-            arrivals = self.model.arrivals(self.log.forecast(now, self.lookback_s, self.min_forecast))
-            burst = self.model.arrivals(self.log.burst(now, self.burst_s, self.lookback_s))
-        workers = worker_states(sched, self.lattice, now)
-        switch = self.switch_estimate()
-        if self.epochs.inflight:  # (split_in_flight) the targets on their way count as capacity
-            workers += incoming_workers(self.epochs, switch, now)
-        stress = None
-        if report is not None and self.stress_windows > 0:
-            recent = max(1, round(self.lookback_s / self.window_s))
-            stress = observed_stress(self.demands, recent, self.model.merge_stress)
-        age = now - self.log.origin if self.log.origin is not None else 0.0
-        return PendingDecision(
-            report, now, workers, arrivals, ops, burst, self._shape(), stress, self._inflight(),
-            switch, age,
-        )  # fmt: skip
-
-    def switch_estimate(self) -> float:
-        """What the replay charges a move's switch: with ``switch_from_observed``, the mean switch stage of the
-        last :data:`SWITCH_MEMORY` committed reconfigurations (the configured ``switch_s`` until one committed)."""
-        if not self.switch_from_observed:
-            return self.model.switch_s
-        recent = [r.switch_s for r in self.epochs.records[-SWITCH_MEMORY:]]
-        return observed_switch(recent, self.model.switch_s)
-
-    def _shape(self) -> tuple[tuple[int, int], ...]:
-        """The composition's identity (worker id, degree): a decision computed on another one is stale."""
-        return tuple(sorted((wid, g.degree) for wid, g in self.lattice.groups.items()))
-
-    def _inflight(self) -> tuple[int, ...]:
-        """The plans in flight (their epochs): a decision prepared beside other plans is stale too."""
-        return tuple(r.plan.epoch for r in self.epochs.inflight)
-
-    def finish(self, job: PendingDecision, decision: Decision, now: float) -> None:
+    def finish(self, job: PendingDecision, verdict: Verdict, now: float) -> None:
         """Act on a computed decision — unless the pool changed meanwhile (an operation began or ended, the
-        composition moved): then it is dropped as stale (``stale_decisions``). With plans in flight only a split
-        check's decision is acted on (``split_while_reconfiguring``); its operations are on ACTIVE workers,
-        disjoint from the plans in flight. Then tells ``decision_listeners``."""
-        acted = self._act(job, decision, now)
-        for listener in self.decision_listeners:
-            listener(job, decision, acted)
-
-    def _act(self, job: PendingDecision, decision: Decision, now: float) -> Move | None:
-        """Begin the decision's move if it still applies and has persisted long enough: the move begun, or None."""
+        composition moved): then it is dropped as stale (``stale_decisions``). Then tells the observers."""
         if self._deciding is job:
             self._deciding = None
-        busy = self.epochs.current is not None and (not self.split_in_flight or job.report is not None)
-        if busy or job.shape != self._shape() or job.inflight != self._inflight():
+        acted = None
+        if self.epochs.current is not None or job.shape != self.shape() or job.inflight != self.inflight():
             self.stale_decisions += 1
-            return None
-        report = job.report
-        direction = {None: Direction.NONE, ReconfigKind.SPLIT: Direction.SPLIT, ReconfigKind.MERGE: Direction.MERGE}[
-            decision.want
-        ]
-        if report is None:  # a check acts on a split only, at once when splits need one window
-            if direction != Direction.SPLIT or self.persist_split > 1:
-                return None
-            report = self.account.check_report(now, decision.reason)
-            self.reports.append(report)
         else:
-            report.signal = direction
-            report.reason = decision.reason
-            persist = self.persist_split if direction == Direction.SPLIT else self.persist_merge
-            if direction == Direction.MERGE and decision.patient:
-                persist = max(persist, self.persist_patient)
-            if not self.account.persist(report, direction, persist):
-                self.last_decision = decision
-                return None
-        self.last_decision = decision
-        move = decision.best_split if direction == Direction.SPLIT else decision.best_merge
-        assert move is not None and move.ops
-        self.account.acted(report)
+            assert self.predictive is not None
+            acted = self.predictive.act(job, verdict, now)
+        for observer in self.observers:
+            observer(job, verdict, acted)
+
+    def begin_move(self, move: Move, now: float) -> None:
+        """Begin every operation of ``move`` (later operations get fresh target ids: the first plan reserved its
+        own)."""
         for i, op in enumerate(move.ops):
-            if i:  # later operations get fresh target ids (the first plan reserved its own)
+            if i:
                 src = op.sources[0].worker_id
                 again = self.lattice.split_of(src) if op.kind == ReconfigKind.SPLIT else self.lattice.merge_of(src)
                 assert again is not None
                 op = again
             drain = max(self.epochs.scheduler.queue_s(s.worker_id, now) for s in op.sources)
             self.epochs.begin(self.epochs.next_plan(op, drain), now)
-        return move
 
+    def switch_estimate(self) -> float:
+        """What a move's switch is priced at: the mean switch stage of the last :data:`SWITCH_MEMORY` committed
+        reconfigurations (the configured ``switch_s`` until one committed)."""
+        recent = [r.switch_s for r in self.epochs.records[-SWITCH_MEMORY:]]
+        return observed_switch(recent, self.switch_prior)
+
+    def shape(self) -> tuple[tuple[int, int], ...]:
+        """The composition's identity (worker id, degree): a decision computed on another one is stale."""
+        return tuple(sorted((wid, g.degree) for wid, g in self.lattice.groups.items()))
+
+    def inflight(self) -> tuple[int, ...]:
+        """The plans in flight (their epochs): a decision prepared beside other plans is stale too."""
+        return tuple(r.plan.epoch for r in self.epochs.inflight)
+
+    # -- moves ------------------------------------------------------------------------------------------------
     def candidates(
         self, kind: ReconfigKind, demand_s: float, queue_s: Callable[[int], float], admit: bool = True
     ) -> list[Candidate]:
@@ -403,7 +272,7 @@ class Controller:
             if kind == ReconfigKind.MERGE and admit:
                 c = op.sources[0].degree
                 merged = cap - 2 * self._kappa[c] + self._kappa[2 * c]
-                if demand_s > self.theta_up * merged:
+                if demand_s > self.rules.theta_up * merged:
                     continue
             out.append(Candidate(op, max(queue_s(s.worker_id) for s in op.sources)))
         return out
@@ -419,7 +288,8 @@ class Controller:
             c.traffic = self.traffic.reconcile_traffic(self.epochs.next_plan(c.op, c.drain_s))
         return min(tied, key=lambda c: (c.traffic, c.op.sources[0].worker_id))
 
-    def _plan(self, c: Candidate) -> ReconfigPlan:
+    def plan(self, c: Candidate) -> ReconfigPlan:
+        """The epoch plan of a chosen candidate (its drain and traffic estimates attached)."""
         return self.epochs.next_plan(c.op, c.drain_s, c.traffic or 0.0)
 
     def manual(self, kind: ReconfigKind, worker_id: int, now: float, queue_s: Callable[[int], float]) -> ReconfigPlan:
@@ -449,11 +319,6 @@ class Controller:
                 raise ValueError(f"worker {s.worker_id} is {st.name}, not ACTIVE")
         cand = Candidate(op, max(queue_s(s.worker_id) for s in op.sources))
         cand.traffic = self.traffic.reconcile_traffic(self.epochs.next_plan(op, cand.drain_s))
-        plan = self._plan(cand)
+        plan = self.plan(cand)
         self.epochs.begin(plan, now)
         return plan
-
-
-def _grid_steps(t: float, step: float, until: float) -> int:
-    """How many instants t, t + step, ... lie before ``until`` (0 for t = inf)."""
-    return math.ceil((until - t) / step) if t < until else 0

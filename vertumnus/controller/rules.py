@@ -10,13 +10,18 @@ the count of long requests (L > long_threshold_tokens). At the window end, with 
 The capacity signal is evaluated first, so it wins whenever the two conflict. The long-share reference f_ref
 is the share at the last reconfiguration (initially the history's share, else the first non-empty window's).
 Persistence: a direction acts only after ``persist_windows`` consecutive windows wanting it *and* having an
-admissible operation; any other window resets the streak, and so does acting. Windows that end while an
+admissible operation; any other window resets the streak, and so does acting (:class:`Streak`; the predictive
+policy's merges persist the same way). Windows that end while an
 operation is in flight do not count (their demand was measured on a composition in transition).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vertumnus.controller.predictive import Check
 from enum import IntEnum
 
 
@@ -42,6 +47,28 @@ class WindowReport:
     direction: Direction = Direction.NONE  # after admission (an operation exists)
     streak: int = 0
     acted: bool = False
+    trail: tuple[Check, ...] = ()  # predictive: every gate check of the decision taken here
+
+
+@dataclass(slots=True)
+class Streak:
+    """Consecutive window ends that wanted one direction (any other direction, or none, starts over)."""
+
+    direction: Direction = Direction.NONE
+    count: int = 0
+
+    def update(self, direction: Direction) -> int:
+        """Count one more window end wanting ``direction``; returns the streak's length (0 for NONE)."""
+        if direction == Direction.NONE:
+            self.direction, self.count = Direction.NONE, 0
+        elif direction == self.direction:
+            self.count += 1
+        else:
+            self.direction, self.count = direction, 1
+        return self.count
+
+    def reset(self) -> None:
+        self.direction, self.count = Direction.NONE, 0
 
 
 def signal(
@@ -62,7 +89,7 @@ def signal(
 class WindowAccount:
     """Running sums of the current window plus the persistence streak."""
 
-    __slots__ = ("demand_s", "index", "long", "ref_long", "requests", "streak", "streak_dir")
+    __slots__ = ("demand_s", "index", "long", "ref_long", "requests", "run")
 
     def __init__(self, ref_long: float | None = None) -> None:
         self.index = 0
@@ -70,8 +97,15 @@ class WindowAccount:
         self.requests = 0
         self.long = 0
         self.ref_long = ref_long
-        self.streak = 0
-        self.streak_dir = Direction.NONE
+        self.run = Streak()
+
+    @property
+    def streak(self) -> int:
+        return self.run.count
+
+    @property
+    def streak_dir(self) -> Direction:
+        return self.run.direction
 
     def observe(self, predicted_s: float, is_long: bool) -> None:
         """Count one request's first placement in the current window."""
@@ -96,14 +130,8 @@ class WindowAccount:
     def persist(self, report: WindowReport, direction: Direction, persist_windows: int) -> bool:
         """Update the streak with the admitted direction; True when it has held long enough to act."""
         report.direction = direction
-        if direction == Direction.NONE:
-            self.streak, self.streak_dir = 0, Direction.NONE
-        elif direction == self.streak_dir:
-            self.streak += 1
-        else:
-            self.streak, self.streak_dir = 1, direction
-        report.streak = self.streak
-        return direction != Direction.NONE and self.streak >= persist_windows
+        report.streak = self.run.update(direction)
+        return direction != Direction.NONE and report.streak >= persist_windows
 
     def check_report(self, now: float, reason: str) -> WindowReport:
         """A report for a between-windows split check that acts (the window's sums are left open)."""
@@ -116,10 +144,10 @@ class WindowAccount:
     def acted(self, report: WindowReport) -> None:
         """An operation started: reset the streak and move the long-share reference to this window's."""
         report.acted = True
-        self.streak, self.streak_dir = 0, Direction.NONE
+        self.run.reset()
         if report.long_fraction is not None:
             self.ref_long = report.long_fraction
 
     def busy(self) -> None:
         """A window ended during an operation: it does not count towards persistence."""
-        self.streak, self.streak_dir = 0, Direction.NONE
+        self.run.reset()

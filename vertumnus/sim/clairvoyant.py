@@ -20,28 +20,36 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from vertumnus.cache.manager import CacheManager
+from vertumnus.controller.forecast import Arrival
 from vertumnus.types import Request
+
+if TYPE_CHECKING:
+    from vertumnus.sim.runner import Simulation
 
 
 class ClairvoyantForecast:
-    """``(now, span_s)`` → the arrivals of ``[now, now + span_s)`` as (offset from now, input length, prefix
-    tokens): a :data:`~vertumnus.controller.controller.FutureArrivals` for ``Controller.future``."""
+    """``now`` → the arrivals of ``[now, now + span_s)`` as (offset from now, input length, prefix tokens): a
+    :class:`~vertumnus.controller.forecast.Forecaster` that knows what will arrive (so no decision waits for a
+    history). It replaces the span and the burst forecast alike."""
 
-    __slots__ = ("block_tokens", "cache", "calls", "requests", "times")
+    __slots__ = ("block_tokens", "cache", "calls", "requests", "span_s", "times")
+    needs_history = False
 
-    def __init__(self, requests: Sequence[Request], cache: CacheManager, block_tokens: int) -> None:
+    def __init__(self, requests: Sequence[Request], cache: CacheManager, block_tokens: int, span_s: float) -> None:
         self.requests = sorted(requests, key=lambda r: r.arrival_s)
         self.times = [r.arrival_s for r in self.requests]
         self.cache = cache
         self.block_tokens = block_tokens
+        self.span_s = span_s
         self.calls = 0
 
-    def __call__(self, now: float, span_s: float) -> list[tuple[float, int, int]]:
+    def __call__(self, now: float) -> list[Arrival]:
         self.calls += 1
         lo = bisect.bisect_left(self.times, now)
-        hi = bisect.bisect_left(self.times, now + span_s)
+        hi = bisect.bisect_left(self.times, now + self.span_s)
         coming: set[int] = set()  # block keys of the span's earlier requests
         out = []
         for r in self.requests[lo:hi]:
@@ -57,3 +65,14 @@ class ClairvoyantForecast:
             coming.update(keys)
             out.append((r.arrival_s - now, r.input_len, min(a * self.block_tokens, r.input_len)))
         return out
+
+
+def clairvoyant_forecaster(sim: Simulation) -> ClairvoyantForecast:
+    """The clairvoyant reference for a simulation (``Simulation(..., forecaster=clairvoyant_forecaster)``): the
+    simulation's own requests over the controller's forecast span (ValueError without the predictive
+    controller)."""
+    ctl = sim.pool.controller
+    if not ctl.enabled or ctl.params is None:
+        has = f"controller.policy {ctl.policy.name!r}" if ctl.enabled else f"no controller ({sim.policy!r})"
+        raise ValueError(f"the clairvoyant reference needs the predictive controller; this run has {has}")
+    return ClairvoyantForecast(sim.requests, sim.pool.cache, sim.cfg.cache.block_tokens, ctl.params.span_s)

@@ -7,7 +7,7 @@ the arrivals that actually came, so each decision can be re-scored with the same
 
     decision at t ──►  forecast  = what the controller replayed (the past span, re-based to t)
                        truth     = the run's own arrivals in [t, t + span), each with the prefix it found
-                       score     = the controller's replay (PredictiveModel.score) of stay and of every move
+                       score     = the controller's replay (ReplayModel.score) of stay and of every move
 
 and two questions answered per run:
 
@@ -33,9 +33,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from vertumnus.config import VertumnusConfig
-from vertumnus.controller.controller import PendingDecision
-from vertumnus.controller.predictive import Decision, Move, PredictiveModel
+from vertumnus.controller.params import PredictiveParams
+from vertumnus.controller.predictive import PendingDecision, Verdict
 from vertumnus.controller.replay import ReplayArrivals
+from vertumnus.controller.scoring import Move
 from vertumnus.cost_model import CostModel
 from vertumnus.sim.runner import RunResult, Simulation
 from vertumnus.types import Request
@@ -50,7 +51,9 @@ class AuditedDecision:
     age_s: float  # seconds since the run's first arrival
     window: bool  # a window end (splits and merges) or a between-windows split check
     acted: str | None  # the move it began (Move.describe), None: it began nothing
-    reason: str  # the controller's own account of the decision (Decision.reason)
+    gate: str  # the gate that decided (Verdict.gate)
+    trail: list[dict[str, object]]  # every check the decision consulted (Verdict.trail)
+    reason: str  # the controller's own account of the decision (Verdict.reason)
     forecast_work_s: float  # Σ Ê at the smallest degree of the forecast it replayed
     true_work_s: float  # ... of the arrivals that followed, per forecast span (scaled when the audit's span differs)
     forecast_stay_s: float  # replayed mean TTFT of staying on the forecast itself (1x its rate, no spread)
@@ -117,13 +120,13 @@ class AuditReport:
 
 
 class _Recorder:
-    """A controller decision listener: keeps every (snapshot, decision, move begun)."""
+    """A controller decision observer: keeps every (snapshot, verdict, move begun)."""
 
     def __init__(self) -> None:
-        self.records: list[tuple[PendingDecision, Decision, Move | None]] = []
+        self.records: list[tuple[PendingDecision, Verdict, Move | None]] = []
 
-    def __call__(self, job: PendingDecision, decision: Decision, acted: Move | None) -> None:
-        self.records.append((job, decision, acted))
+    def __call__(self, job: PendingDecision, verdict: Verdict, acted: Move | None) -> None:
+        self.records.append((job, verdict, acted))
 
 
 def age_buckets(decisions: Sequence[AuditedDecision]) -> list[AgeBucket]:
@@ -155,43 +158,46 @@ def audit_run(
         raise ValueError(f"the audit span must be > 0 s, got {span_s}")
     sim = Simulation(requests, cfg, cost, "vertumnus", composition)
     ctrl = sim.pool.controller
+    params = ctrl.params
+    assert params is not None
     recorder = _Recorder()
-    ctrl.decision_listeners.append(recorder)
+    ctrl.add_observer(recorder)
     run = sim.run()
     a = run.arrays
     t, lengths, cached = a["arrival"], a["input_len"], a["cached"]  # arrival order
-    model = ctrl.model
-    span = ctrl.lookback_s if span_s is None else span_s
-    c_min = min(model.degrees)
+    span = params.span_s if span_s is None else span_s
+    c_min = min(params.degrees)
     first, last = float(t[0]), float(t[-1])
     audited: list[AuditedDecision] = []
     skipped = 0
-    for job, decision, acted in recorder.records:
+    for job, verdict, acted in recorder.records:
         if job.now + span > last:
             skipped += 1
             continue
         lo, hi = np.searchsorted(t, job.now, "left"), np.searchsorted(t, job.now + span, "left")
         offsets = (t[lo:hi] - job.now).tolist()
-        truth = model.arrivals(list(zip(offsets, lengths[lo:hi].tolist(), cached[lo:hi].tolist(), strict=True)))
-        audited.append(_audit_one(model, job, decision, acted, truth, c_min, first, ctrl.lookback_s / span))
+        truth = job.model.arrivals(list(zip(offsets, lengths[lo:hi].tolist(), cached[lo:hi].tolist(), strict=True)))
+        audited.append(_audit_one(params, job, verdict, acted, truth, c_min, first, params.span_s / span))
     begun = sum(len(acted.ops) for _, _, acted in recorder.records if acted is not None)
-    report = AuditReport(span, model.split_margin, model.merge_margin, audited, skipped, begun, run)
+    report = AuditReport(span, params.split_margin, params.merge_margin, audited, skipped, begun, run)
     report.buckets = age_buckets(audited)
     return report
 
 
 def _audit_one(
-    model: PredictiveModel,
+    params: PredictiveParams,
     job: PendingDecision,
-    decision: Decision,
+    verdict: Verdict,
     acted: Move | None,
     truth: ReplayArrivals,
     c_min: int,
     first: float,
     work_scale: float,
 ) -> AuditedDecision:
+    model = job.model
     prep = model.prepare(job.workers, job.switch_s)
-    scored = [(model.score(m, prep, truth), m) for m in model.moves(job.ops)]
+    moves = model.moves(job.ops, params.max_concurrent_splits, params.max_concurrent_merges)
+    scored = [(model.score(m, prep, truth), m) for m in moves]
     stay_s = scored[0][0]  # moves() lists stay first
     best_s, best = min(scored, key=lambda x: x[0])  # ties: the first listed (stay)
     acted_s = None if acted is None else model.score(acted, prep, truth)
@@ -200,7 +206,9 @@ def _audit_one(
         age_s=job.now - first,
         window=job.report is not None,
         acted=None if acted is None else acted.describe(),
-        reason=decision.reason,
+        gate=verdict.gate,
+        trail=[asdict(c) for c in verdict.trail],
+        reason=verdict.reason,
         forecast_work_s=float(job.arrivals.est[c_min].sum()) if len(job.arrivals) else 0.0,
         true_work_s=float(truth.est[c_min].sum()) * work_scale if len(truth) else 0.0,
         forecast_stay_s=model.score(scored[0][1], prep, job.arrivals),
@@ -211,6 +219,14 @@ def _audit_one(
         true_best_s=best_s,
         true_best_kind=None if best.kind is None else best.kind.name.lower(),
     )
+
+
+def gate_counts(decisions: Sequence[AuditedDecision]) -> dict[str, int]:
+    """How many decisions each gate decided (Verdict.gate), most first."""
+    counts: dict[str, int] = {}
+    for d in decisions:
+        counts[d.gate] = counts.get(d.gate, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def format_report(name: str, report: AuditReport, moves: bool = False) -> str:
@@ -229,6 +245,7 @@ def format_report(name: str, report: AuditReport, moves: bool = False) -> str:
         f" stays where a split would have won by split_margin {report.missed('split')},"
         f" a merge by merge_margin {report.missed('merge')}"
     )
+    lines.append("  decided by: " + ", ".join(f"{g} {n}" for g, n in gate_counts(report.decisions).items()))
     if moves:
         for d in report.moves:
             verdict = "beat staying" if d.endorsed else "lost to staying"
@@ -250,6 +267,7 @@ def report_json(report: AuditReport) -> dict[str, object]:
         "endorsed": report.endorsed,
         "missed_splits": report.missed("split"),
         "missed_merges": report.missed("merge"),
+        "gates": gate_counts(report.decisions),
         "buckets": [{**asdict(b), "hi_s": None if math.isinf(b.hi_s) else b.hi_s} for b in report.buckets],
         "decisions": [asdict(d) for d in report.decisions],
     }

@@ -41,6 +41,7 @@ from typing import Any
 from vertumnus.config import VertumnusConfig, format_composition, parse_composition
 from vertumnus.controller.lattice import Lattice
 from vertumnus.cost_model import CostModel
+from vertumnus.sim.clairvoyant import clairvoyant_forecaster
 from vertumnus.sim.eval_set import EvalSet, load_eval_set
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.phase_stats import phase_summaries
@@ -378,9 +379,10 @@ def run_task(task: Task) -> RunDigest:
     _, cfg, cost = _context(task.set_path, task.config)
     gen = _workload(task.set_path, task.config, task.workload, task.replicate)
     run_cfg = apply_overrides(cfg, task.overrides)
-    steer = PrescientSteer(parse_composition(task.target)) if task.target else None
-    result = run_policy(gen.requests, run_cfg, cost, task.policy, task.composition, steer=steer,
-                        clairvoyant=task.clairvoyant)  # fmt: skip
+    hooks = [PrescientSteer(parse_composition(task.target)).hook] if task.target else []
+    forecaster = clairvoyant_forecaster if task.clairvoyant else None
+    result = run_policy(gen.requests, run_cfg, cost, task.policy, task.composition, forecaster=forecaster,
+                        hooks=hooks)  # fmt: skip
     summary = {k: result.summary.get(k) for k in SUMMARY_KEYS}
     phases = [{k: s.get(k) for k in PHASE_KEYS} for s in phase_summaries(result.arrays, gen.bounds)]
     return RunDigest(task.policy, task.composition, summary, phases)

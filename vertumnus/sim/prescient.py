@@ -20,18 +20,23 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from vertumnus.config import format_composition
 from vertumnus.controller.lattice import LatticeOp
 from vertumnus.pool import PrefillPool
+from vertumnus.sim.events import EventKind
 from vertumnus.types import ReconfigKind, WorkerState
+
+if TYPE_CHECKING:
+    from vertumnus.sim.runner import Simulation
 
 
 @dataclass(slots=True)
 class PrescientSteer:
     """Steers a pool from its start composition to ``target`` (degree → workers) once, then leaves it alone.
 
-    Called by the simulation after every event (:class:`~vertumnus.sim.runner.Simulation` ``steer``, which also
+    Called by the simulation after every event (as a :class:`~vertumnus.sim.runner.Simulation` hook, which also
     runs an event at ``at_s``) until :attr:`done`; no operation begins before ``at_s`` (0: as soon as the workers
     are up; later: the route a controller deciding then would take, ``benchmarks/route_floor.py``).
     :attr:`began` counts the operations it started."""
@@ -40,6 +45,18 @@ class PrescientSteer:
     at_s: float = 0.0
     done: bool = False
     began: int = 0
+    hooked: bool = False  # the simulation called it once (as a hook)
+
+    def hook(self, sim: Simulation) -> None:
+        """The simulation hook: first call (before the first event) schedules an event at ``at_s`` (the steer
+        runs then, arrival or not); every call steers until done."""
+        if not self.hooked:
+            self.hooked = True
+            if self.at_s > 0:
+                sim.loop.push(self.at_s, EventKind.ENGINE, lambda: None)
+        elif self.done:
+            return
+        self(sim.pool, sim.loop.now)
 
     def __post_init__(self) -> None:
         self.target = {d: n for d, n in sorted(self.target.items()) if n}

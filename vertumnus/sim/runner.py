@@ -18,21 +18,45 @@ from typing import Any
 import numpy as np
 
 from vertumnus.config import VertumnusConfig, format_composition
-from vertumnus.controller.controller import PendingDecision
+from vertumnus.controller.forecast import Forecaster
 from vertumnus.controller.initial import History, summarize_history
-from vertumnus.controller.predictive import Decision
+from vertumnus.cost_model import CostModel
 from vertumnus.engines.sim import SimDataPlane, SimStats
 from vertumnus.pool import PrefillPool
-from vertumnus.cost_model import CostModel
 from vertumnus.scheduler.scheduler import RequestRejected
 from vertumnus.sim.baselines import SGLangCacheAwarePolicy
-from vertumnus.sim.clairvoyant import ClairvoyantForecast
 from vertumnus.sim.events import EventKind, EventLoop
 from vertumnus.sim.lower_bound import lower_bound
 from vertumnus.sim.metrics import Collector, ReconfigRecord, summarize
 from vertumnus.sim.policies import LOWER_BOUND, configure
-from vertumnus.sim.prescient import PrescientSteer
 from vertumnus.types import Request
+
+# Called once before the first event and after every event (a steer, a decision delay, a probe).
+SimHook = Callable[["Simulation"], None]
+# Builds the forecaster the predictive controller uses instead of its own (e.g. the clairvoyant reference).
+ForecasterFactory = Callable[["Simulation"], Forecaster]
+
+
+@dataclass(slots=True)
+class DecisionDelay:
+    """A hook that computes the predictive controller's decisions off the pool, as the server does, and acts on
+    each ``delay_s`` virtual seconds after its snapshot (the result a thread would compute from it)."""
+
+    delay_s: float
+
+    def __post_init__(self) -> None:
+        if self.delay_s < 0:
+            raise ValueError(f"decision delay must be ≥ 0 s, got {self.delay_s}")
+
+    def __call__(self, sim: Simulation) -> None:
+        ctl = sim.pool.controller
+        ctl.defer_decisions = True
+        if ctl.pending is None:
+            return
+        job = ctl.take_pending()
+        assert job is not None
+        verdict = ctl.decide(job)
+        sim.loop.push(sim.loop.now + self.delay_s, EventKind.ENGINE, lambda: ctl.finish(job, verdict, sim.loop.now))
 
 
 @dataclass(slots=True)
@@ -72,15 +96,13 @@ class Simulation:
         policy: str = "vertumnus",
         composition: str | None = None,
         drain_limit_s: float = 3600.0,
-        decision_delay_s: float | None = None,
-        steer: PrescientSteer | None = None,
-        clairvoyant: bool = False,
+        forecaster: ForecasterFactory | None = None,
+        hooks: Sequence[SimHook] = (),
     ) -> None:
-        """``decision_delay_s``: the predictive controller's decisions are computed off the pool (as in the
-        server) and acted on this many virtual seconds after their snapshot; None: at once, inline. ``steer``: a
-        :class:`~vertumnus.sim.prescient.PrescientSteer` called after every event until it is done (the
-        evaluation's prescient-start reference). ``clairvoyant``: the predictive controller is handed the requests to
-        come instead of its forecast (:mod:`vertumnus.sim.clairvoyant`, the evaluation's clairvoyant reference)."""
+        """``forecaster``: builds (from this simulation) the forecaster the predictive controller uses instead of
+        its own (:meth:`~vertumnus.controller.controller.Controller.use_forecaster`; the idle-gap jump is off then,
+        such a forecast may see the next arrival coming). ``hooks``: each called once before the first event and
+        after every event (e.g. :class:`DecisionDelay`, the evaluation's prescient steer)."""
         self.requests = sorted(requests, key=lambda r: r.arrival_s)  # stable: equal times keep input order
         self.policy = policy
         self.cfg, router = configure(policy, cfg, composition)
@@ -94,20 +116,10 @@ class Simulation:
         self.collector = Collector(self.cfg.slo.t_ext_s, self.loop.clock)
         self.collector.expect(self.requests)
         self.pool.add_listener(self.collector)
-        self.decision_delay_s = decision_delay_s
-        self.steer = steer
-        if clairvoyant:
-            ctl = self.pool.controller
-            if not ctl.enabled or ctl.policy != "predictive":
-                has = f"controller.policy {ctl.policy!r}" if ctl.enabled else f"no controller ({policy!r})"
-                raise ValueError(f"the clairvoyant reference needs the predictive controller; this run has {has}")
-            self.pool.controller.future = ClairvoyantForecast(
-                self.requests, self.pool.cache, self.cfg.cache.block_tokens
-            )
-        if decision_delay_s is not None:
-            if decision_delay_s < 0:
-                raise ValueError(f"decision_delay_s must be ≥ 0, got {decision_delay_s}")
-            self.pool.controller.defer_decisions = True
+        self.hooks = tuple(hooks)
+        self.forecast_injected = forecaster is not None
+        if forecaster is not None:
+            self.pool.controller.use_forecaster(forecaster(self))
         if isinstance(router, SGLangCacheAwarePolicy):
             self.pool.add_listener(router)  # its in-flight request counters follow completions
         last = self.requests[-1].arrival_s if self.requests else 0.0
@@ -116,12 +128,12 @@ class Simulation:
         self._timer_at = math.inf
         # Idle-gap jump (see _idle_tick): one timer period runs every kind of tick at least once; the predictive
         # forecast stops changing once the last arrival is older than its spans.
-        cc = self.cfg.controller
-        periods = [cc.window_s, self.cfg.cache.scan_interval_s]
+        ctl = self.pool.controller
+        periods = [ctl.window_s, self.cfg.cache.scan_interval_s]
         settle = 0.0
-        if cc.policy == "predictive":
-            periods.append(cc.check_interval_s or 0.0)
-            settle = max(cc.lookback_windows * cc.window_s, cc.burst_lookback_s)
+        if ctl.params is not None:
+            periods.append(ctl.params.check_interval_s or 0.0)
+            settle = max(ctl.params.span_s, ctl.params.burst_span_s)
         self._idle_period = max(periods)
         self._idle_settle_s = settle
         self._idle_state: tuple[object, ...] | None = None
@@ -149,16 +161,7 @@ class Simulation:
         if self.loop.now >= self._timer_at:
             self._timer_at = math.inf
         self.pool.on_timer(self.loop.now)
-        ctl = self.pool.controller
-        if ctl.pending is not None and self.decision_delay_s is not None:
-            job = ctl.take_pending()
-            assert job is not None
-            decision = ctl.decide(job)  # from the snapshot: the same result a thread would compute
-            self.loop.push(self.loop.now + self.decision_delay_s, EventKind.ENGINE, self._decided, job, decision)
         self._idle_tick()
-
-    def _decided(self, job: PendingDecision, decision: Decision) -> None:
-        self.pool.controller.finish(job, decision, self.loop.now)
 
     def _arm_timer(self) -> None:
         nt = self.pool.next_timer()
@@ -178,8 +181,9 @@ class Simulation:
         rounding of the window grid), only the skipped windows' reports are not kept.
         """
         loop = self.loop
-        if loop.pending(EventKind.ENGINE) or self.pool.controller.future is not None:
-            # (a clairvoyant controller's forecast sees the next arrival coming: its ticks are not no-ops)
+        if loop.pending(EventKind.ENGINE) or self.forecast_injected or self.pool.controller.pending is not None:
+            # (an injected forecast may see the next arrival coming: its ticks are not no-ops; a decision waiting
+            # to be computed lands as an engine event)
             self._idle_state = None
             return
         now = loop.now
@@ -206,14 +210,11 @@ class Simulation:
         self._push_arrival()
         loop, col = self.loop, self.collector
         total = len(self.requests)
-        steer = self.steer
-        if steer is not None:
-            if steer.at_s > 0:  # the steer runs at at_s, arrival or not
-                loop.push(steer.at_s, EventKind.ENGINE, lambda: None)
-            steer(self.pool, loop.now)
+        for hook in self.hooks:
+            hook(self)
         while loop.step():
-            if steer is not None and not steer.done:
-                steer(self.pool, loop.now)
+            for hook in self.hooks:
+                hook(self)
             self._arm_timer()
             if col.remaining == 0 and self._next >= total:
                 break
@@ -293,12 +294,12 @@ def run_policy(
     policy: str,
     composition: str | None = None,
     progress: Callable[[int, int], None] | None = None,
-    steer: PrescientSteer | None = None,
-    clairvoyant: bool = False,
+    forecaster: ForecasterFactory | None = None,
+    hooks: Sequence[SimHook] = (),
 ) -> RunResult:
-    """Run ``policy`` (any name of :data:`~vertumnus.sim.policies.POLICIES`) on ``requests`` (``steer``,
-    ``clairvoyant``: see :class:`Simulation`)."""
+    """Run ``policy`` (any name of :data:`~vertumnus.sim.policies.POLICIES`) on ``requests`` (``forecaster``,
+    ``hooks``: see :class:`Simulation`)."""
     if policy == LOWER_BOUND:
         configure(policy, cfg, composition)
         return run_lower_bound(requests, cfg, cost)
-    return Simulation(requests, cfg, cost, policy, composition, steer=steer, clairvoyant=clairvoyant).run(progress)
+    return Simulation(requests, cfg, cost, policy, composition, forecaster=forecaster, hooks=hooks).run(progress)
