@@ -47,7 +47,6 @@ def a_dir(tmp_path: Path) -> Path:
         ("config", "validate"),
         ("simulate", "--trace", str(EXCERPT)),
         ("compare", "--trace", str(EXCERPT)),
-        ("calibrate", "--trace", str(EXCERPT)),
         ("evaluate",),
         ("audit",),
         ("profile", "--engine", "sim", "--out", "p.yaml"),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import vertumnus.controller.controller as controller_module
 from vertumnus.sim.inputs import load_cost, load_sim_config, load_workload_requests
 from vertumnus.sim.runner import RunResult, Simulation
 
@@ -69,9 +70,9 @@ def test_jumping_an_idle_gap_gives_the_walks_results(
     cfg = load_sim_config(None)
     cfg.controller.policy = controller  # type: ignore[assignment]
     cfg.cache.policy = cache  # type: ignore[assignment]
-    if startup_span_s is not None:
-        cfg.controller.startup_span_s = startup_span_s
-        cfg.controller.startup_check_interval_s = 0.3
+    if startup_span_s is not None:  # the start-up's constants (not config keys)
+        monkeypatch.setattr(controller_module, "_STARTUP_SPAN_S", startup_span_s)
+        monkeypatch.setattr(controller_module, "_STARTUP_CHECK_INTERVAL_S", 0.3)
     cost = load_cost(cfg)
     wl = load_workload_requests(cfg, str(trace))
     jumped = Simulation(wl.requests, cfg, cost, policy, composition)

@@ -43,6 +43,14 @@ from vertumnus.cost_model import CostModel
 from vertumnus.types import ReconfigKind, ReconfigPlan, WorkerState
 
 SWITCH_MEMORY = 8  # committed reconfigurations whose switch stages the replay's switch price averages
+# Former config fields, their values unchanged (the controller's named constants replace these).
+_MAX_CONCURRENT_SPLITS = 4
+_STARTUP_CHECK_INTERVAL_S = 0.1
+_STARTUP_SPAN_S = 5.0
+_MERGE_STRESS_MAX = 2.0
+_FORECAST_RATE_SPREAD = 0.2
+_MIN_FORECAST_REQUESTS = 32
+_RESAMPLE_AFTER_S = 15.0
 
 
 class TrafficEstimator(Protocol):
@@ -91,13 +99,14 @@ class Controller:
         history: History | None = None,
     ) -> None:
         cc = cfg.controller
+        rc, pc = cc.rules, cc.predictive
         self.enabled = cc.enabled
         self.window_s = cc.window_s
-        self.theta_up = cc.theta_up
-        self.theta_low = cc.theta_low
-        self.delta_long = cc.delta_long
-        self.long_threshold = cc.long_threshold_tokens
-        self.persist_windows = cc.persist_windows
+        self.theta_up = rc.theta_up
+        self.theta_low = rc.theta_low
+        self.delta_long = rc.delta_long
+        self.long_threshold = rc.long_threshold_tokens
+        self.persist_windows = rc.persist_windows
         self.lattice = lattice
         self.epochs = epochs
         self.traffic = traffic
@@ -108,30 +117,31 @@ class Controller:
         if self.enabled:
             self._kappa = {c: cost.kappa(c, self.window_s) for c in lattice.degrees}
         self.policy = cc.policy
-        self.lookback_s = cc.lookback_windows * cc.window_s
-        self.min_forecast = cc.min_forecast_requests
-        self.persist_split = cc.split_persist_windows
-        self.persist_merge = cc.merge_persist_windows
-        self.persist_patient = cc.merge_patient_windows
-        self.log = ArrivalLog(self.lookback_s, cc.min_forecast_requests)
+        self.lookback_s = pc.span_s
+        self.min_forecast = _MIN_FORECAST_REQUESTS
+        self.persist_split = 1
+        self.persist_merge = max(1, round(pc.merge_persist_s / cc.window_s))
+        self.persist_patient = 10
+        self.log = ArrivalLog(self.lookback_s, _MIN_FORECAST_REQUESTS)
         # every window's demand D_k, the last merge_stress_windows of them: the swings the merge stress is sized by
-        self.demands: deque[float] = deque(maxlen=max(1, cc.merge_stress_windows))
-        self.stress_windows = cc.merge_stress_windows
-        self.check_interval_s = cc.check_interval_s if cc.policy == "predictive" else None
-        self.startup_check_s = cc.startup_check_interval_s
-        self.startup_span_s = cc.startup_span_s
-        self.burst_s = cc.burst_lookback_s
+        stress_windows = round(pc.merge_stress_memory_s / cc.window_s)
+        self.demands: deque[float] = deque(maxlen=max(1, stress_windows))
+        self.stress_windows = stress_windows
+        self.check_interval_s = pc.check_interval_s if cc.policy == "predictive" else None
+        self.startup_check_s = _STARTUP_CHECK_INTERVAL_S
+        self.startup_span_s = _STARTUP_SPAN_S
+        self.burst_s = pc.burst_span_s
         # predictive: keep looking for splits (on ACTIVE workers) while plans are in flight
-        self.split_in_flight = cc.policy == "predictive" and cc.split_while_reconfiguring
+        self.split_in_flight = False
         self.next_check = float("inf")  # predictive: next between-windows split check
         self.model = PredictiveModel(
-            cost, lattice.degrees, cfg.scheduler.beta, cfg.scheduler.lam, cc.switch_s, cc.max_concurrent_ops,
-            cc.split_margin, cc.merge_margin, cc.merge_stress, cc.burst_split_margin, cc.max_concurrent_merges,
-            cc.burst_split_full_slack, cc.forecast_rate_spread, cc.split_resamples, cc.split_resample_after_s,
-            cc.burst_resample_slack, cc.merge_patient_margin,
+            cost, lattice.degrees, cfg.scheduler.beta, cfg.scheduler.lam, pc.switch_s, _MAX_CONCURRENT_SPLITS,
+            pc.split_margin, pc.merge_margin, _MERGE_STRESS_MAX, pc.split_margin, pc.max_concurrent_merges,
+            pc.burst_full_slack, _FORECAST_RATE_SPREAD, pc.split_resamples, _RESAMPLE_AFTER_S,
+            pc.burst_resample_slack, None,
         )  # fmt: skip
-        self.wait_for_forecast = cc.wait_for_min_forecast
-        self.switch_from_observed = cc.switch_from_observed
+        self.wait_for_forecast = True
+        self.switch_from_observed = True
         self.last_decision: Decision | None = None
         # The clairvoyant reference's hook: the requests that will arrive replace the forecast (span and burst
         # alike), and no decision waits for a log to forecast from. None (always, outside that reference): the

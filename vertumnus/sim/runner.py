@@ -57,7 +57,7 @@ def workload_history(requests: Sequence[Request], cfg: VertumnusConfig, cost: Co
     return summarize_history(
         np.array([r.arrival_s for r in requests]), np.array([r.input_len for r in requests], dtype=np.int64),
         [r.block_keys for r in requests], cost, c.pool.degrees, c.controller.window_s,
-        c.controller.long_threshold_tokens, c.cache.block_tokens, c.scheduler.beta, c.scheduler.lam,
+        c.controller.rules.long_threshold_tokens, c.cache.block_tokens, c.scheduler.beta, c.scheduler.lam,
     )  # fmt: skip
 
 
@@ -88,7 +88,7 @@ class Simulation:
         self.loop = EventLoop()
         self.data_plane = SimDataPlane(self.cfg, cost, self.loop)
         history = None
-        if not self.cfg.pool.initial_composition and not self.cfg.controller.history_trace:
+        if not self.cfg.pool.initial_composition and not self.cfg.pool.history_trace:
             history = workload_history(self.requests, self.cfg, cost)
         self.pool = PrefillPool(self.cfg, cost, self.data_plane, self.loop.clock, router=router, history=history)
         self.collector = Collector(self.cfg.slo.t_ext_s, self.loop.clock)
@@ -120,8 +120,8 @@ class Simulation:
         periods = [cc.window_s, self.cfg.cache.scan_interval_s]
         settle = 0.0
         if cc.policy == "predictive":
-            periods.append(cc.check_interval_s or 0.0)
-            settle = max(cc.lookback_windows * cc.window_s, cc.burst_lookback_s)
+            periods.append(cc.predictive.check_interval_s or 0.0)
+            settle = max(cc.predictive.span_s, cc.predictive.burst_span_s)
         self._idle_period = max(periods)
         self._idle_settle_s = settle
         self._idle_state: tuple[object, ...] | None = None
