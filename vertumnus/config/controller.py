@@ -15,7 +15,7 @@ from vertumnus.config._base import KeyedError, Section
 from vertumnus.config.pool import SIM_SWITCH_S
 from vertumnus.config.renamed import renamed_keys
 
-_WHOLE = 1e-9  # relative tolerance of a whole number of windows (5.0 × 3 is not exactly 15.0 in every spelling)
+_WHOLE = 1e-9  # relative tolerance of a whole number of windows (3 × 0.1 is not 0.3 in floating point)
 
 
 def whole_windows(seconds: float, window_s: float) -> int | None:
@@ -92,7 +92,7 @@ class PredictiveConfig(Section):
     merge_stress_memory_s: float = Field(
         30.0,
         ge=0,
-        description="A merge must also win at the load swing seen this long (whole windows); 0: the largest swing.",
+        description="A merge must also win at the peak-over-mean load of this long (whole windows); 0: at the cap.",
     )
     # several merges at once were the flapping the next burst split back: docs/tuning.md#max_concurrent_merges
     max_concurrent_merges: int = Field(1, ge=1, description="Merges one decision may start together.")
