@@ -2,7 +2,7 @@
 
 Issue 16 asks the controller to end a run at or below the best fixed composition in hindsight (≤ 1.00×). A
 controller that starts elsewhere must reconfigure to get there: the sources drain, the switch takes
-``controller.switch_s``, and the moved workers' caches are re-tiled. This benchmark measures that toll with a
+``pool.sim_switch_s``, and the moved workers' caches are re-tiled. This benchmark measures that toll with a
 clairvoyant, scripted route — no forecast, no decision: the pool starts on the workload's start composition with
 the controller off, and at ``--at`` seconds begins every operation that turns the start composition into the
 best fixed one (all of them at once, on disjoint workers, through the epoch protocol as the controller would:

@@ -26,9 +26,9 @@ import numpy as np
 from vertumnus.cache.block_keys import keys_from_hash_ids
 from vertumnus.config import REPO_ROOT, VertumnusConfig, config_from_dict, format_composition
 from vertumnus.controller.initial import TRACE_BLOCK_TOKENS, read_trace_lengths
+from vertumnus.cost_model import CostModel
 from vertumnus.instant_plane import EventHeap, InstantPlane
 from vertumnus.pool import PrefillPool
-from vertumnus.cost_model import CostModel
 from vertumnus.types import CacheReport, CacheReportKind, PrefillResult, Request
 
 DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "conversation_first15min.jsonl"
@@ -166,7 +166,7 @@ def measure_replay(
     requests = load_trace_requests(p)
     if cfg is None:
         cfg = _bench_config(5, None, controller=True)
-        cfg.controller.history_trace = str(p)
+        cfg.pool.history_trace = str(p)
     heap = EventHeap()
     plane = InstantPlane(heap, switch_s)
     pool = PrefillPool(cfg, cost, plane, heap.clock)
@@ -238,7 +238,8 @@ def _decision_times(
     cfg = _bench_config(nodes, comp, controller=True)
     cc = cfg.controller
     cc.policy = policy  # type: ignore[assignment]
-    cc.persist_windows = cc.split_persist_windows = cc.merge_persist_windows = 10**9
+    cc.rules.persist_windows = 10**9
+    cc.predictive.merge_persist_s = 10**9 * cc.window_s
     plane = _NullPlane()
     clock = [0.0]
     pool = PrefillPool(cfg, cost, plane, lambda: clock[0])  # type: ignore[arg-type]
@@ -247,7 +248,7 @@ def _decision_times(
         for r in g.ranks:
             pool.epoch_ack(g.worker_id, r, 1, 0.0)
     rng = random.Random(1)
-    span = cc.lookback_windows * cc.window_s
+    span = cc.predictive.span_s
     n = int(rate_rps * span)
     t0 = 1000.0
     for k in range(n):  # arrivals over the forecast span; all stay queued (the null plane never runs them)
@@ -255,6 +256,7 @@ def _decision_times(
         keys = keys_from_hash_ids([10**9 + k * 200 + b for b in range(rng.randint(2, 128))])
         pool.submit(Request(f"d{k}", clock[0], len(keys) * TRACE_BLOCK_TOKENS, keys))
     ctl = pool.controller
+    ctl.persist_split = 10**9  # no split starts either: each window decides anew
     times: list[float] = []
     for w in range(windows + 1):  # window 0 warms up (first calls into numpy paths), not timed
         clock[0] = t0 + w * cc.window_s

@@ -86,8 +86,8 @@ class PrefillPool:
         self.epochs = EpochManager(
             self.lattice, self.scheduler, self.cache, data_plane, self, cfg.pool.kv_capacity_blocks_per_rank
         )
-        if history is None and cfg.controller.history_trace and not cfg.pool.initial_composition:
-            history = self._read_history(cfg.controller.history_trace)
+        if history is None and cfg.pool.history_trace and not cfg.pool.initial_composition:
+            history = self._read_history(cfg.pool.history_trace)
         self.history = history
         self.controller = Controller(cfg, cost, self.lattice, self.epochs, self.cache, history)
         self.listeners: list[PoolListener] = []
@@ -107,7 +107,7 @@ class PrefillPool:
         ts, lens, keys = read_trace_lengths(self.cfg.resolve_path(path))
         c = self.cfg
         return summarize_history(
-            ts, lens, keys, self.cost, c.pool.degrees, c.controller.window_s, c.controller.long_threshold_tokens,
+            ts, lens, keys, self.cost, c.pool.degrees, c.controller.window_s, c.controller.rules.long_threshold_tokens,
             TRACE_BLOCK_TOKENS, c.scheduler.beta, c.scheduler.lam,
         )  # fmt: skip
 
@@ -121,7 +121,7 @@ class PrefillPool:
         if c.pool.initial_composition:
             comp = parse_composition(c.pool.initial_composition)
         else:
-            comp = choose_initial(self.lattice, self.cost, c.controller.window_s, c.controller.headroom, self.history)
+            comp = choose_initial(self.lattice, self.cost, c.controller.window_s, c.pool.initial_headroom, self.history)
         groups = self.lattice.build(comp)
         now = self.clock()
         self.controller.start(now)

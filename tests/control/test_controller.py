@@ -119,7 +119,7 @@ class Rig:
             {
                 "pool": {"nodes": nodes, "gpus_per_node": 8, "degrees": [4, 8]},
                 # this file pins the paper's rule controller (test_controller_predictive.py: the default)
-                "controller": {"policy": "rules"},
+                "controller": {"policy": "rules", "window_s": 10.0},  # the arithmetic below is per 10-s window
             }
         )
         self.sched = Scheduler(self.cfg, COST)

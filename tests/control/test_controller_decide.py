@@ -344,7 +344,7 @@ def test_nothing_to_forecast_and_nothing_queued_is_an_idle_stay() -> None:
 
 # -- parameters and persistence -----------------------------------------------------------------------------
 def test_params_from_config_read_horizons_in_seconds_and_reject_a_fraction_of_a_window() -> None:
-    cfg = config_from_dict({"controller": {"window_s": 5.0, "lookback_windows": 2, "merge_persist_windows": 3}})
+    cfg = config_from_dict({"controller": {"window_s": 5.0, "predictive": {"span_s": 10.0, "merge_persist_s": 15.0}}})
     p = PredictiveParams.from_config(cfg)
     assert (p.span_s, p.merge_persist_s, p.merge_persist_windows, p.merge_stress_windows) == (10.0, 15.0, 3, 6)
     with pytest.raises(ValueError, match=r"merge_persist_s .* must be a whole number of windows"):

@@ -28,14 +28,13 @@ from vertumnus.types import ReconfigKind
 COST = CostModel.from_file(REPO_ROOT / DEFAULT_PROFILE)
 
 
-def cfg(nodes: int, pool: dict[str, Any] | None = None, **controller: Any) -> Any:
-    """A predictive pool of ``nodes`` 8-GPU nodes."""
+def cfg(nodes: int, pool: dict[str, Any] | None = None, **predictive: Any) -> Any:
+    """A predictive pool of ``nodes`` 8-GPU nodes (``predictive``: keys of ``controller.predictive``)."""
     return config_from_dict(
         {
             "pool": {"nodes": nodes, "gpus_per_node": 8, "degrees": [4, 8], "engine": "sim",
                      "max_model_len": 131072, "kv_capacity_blocks_per_rank": 1024, **(pool or {})},
-            "controller": {"policy": "predictive", "window_s": 5.0, "theta_low": 0.3, "theta_up": 0.8,
-                           **controller},
+            "controller": {"policy": "predictive", "window_s": 5.0, "predictive": predictive},
             "cache": {"replication": False},
             "slo": {"base_s": 1.0, "per_token_s": 0.00004},
         }
@@ -256,7 +255,7 @@ def test_a_window_report_and_the_pool_snapshot_carry_the_decisions_trail() -> No
 
 
 def test_the_same_light_load_keeps_the_split_while_merges_must_persist_longer() -> None:
-    c = cfg(1, merge_persist_windows=100)
+    c = cfg(1, merge_persist_s=500.0)
     times = [4.0 * k for k in range(10)]
     res = run(c, requests(c, times, 65536), "2xCP4")
     assert res.reconfigs == []
@@ -331,7 +330,7 @@ def test_no_second_split_is_decided_while_the_first_is_in_flight() -> None:
     # The two-block burst above, one operation per decision and a 3-s switch: the 1-s check splits worker 0
     # (in flight until ~4 s); nothing is decided until that split committed, and worker 1 is split at the next
     # window end (5 s).
-    c = cfg(2, switch_s=3.0)
+    c = cfg(2, pool={"sim_switch_s": 3.0}, switch_s=3.0)
     times = [k / 30 for k in range(30 * 20)]
     res = run(c, requests(c, times, 4096), "2xCP8", max_concurrent_splits=1)
     assert [(r.kind, r.sources, r.targets) for r in res.reconfigs] == [

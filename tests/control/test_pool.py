@@ -13,9 +13,9 @@ import pytest
 
 from vertumnus.cache.block_keys import keys_from_hash_ids
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
+from vertumnus.cost_model import CostModel
 from vertumnus.interfaces import PrefillJob
 from vertumnus.pool import PrefillPool, RequestRejected
-from vertumnus.cost_model import CostModel
 from vertumnus.types import (
     CacheOp,
     CacheReport,

@@ -10,8 +10,8 @@ import yaml
 from typer.testing import CliRunner
 
 from vertumnus.config import REPO_ROOT
-from vertumnus.engines.vllm.availability import unavailable
 from vertumnus.cost_model import CostProfile, DegreeProfile
+from vertumnus.engines.vllm.availability import unavailable
 
 EXCERPT = REPO_ROOT / "tests" / "data" / "conversation_excerpt.jsonl"
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from vertumnus.config import REPO_ROOT, load_config
-from vertumnus.profiling.aic_target import AicSpec, AicTarget
 from vertumnus.cost_model import COEFFICIENTS, CostProfile
+from vertumnus.profiling.aic_target import AicSpec, AicTarget
 from vertumnus.profiling.fit import fit_profile
 from vertumnus.profiling.measure import plot_path, read_samples, read_samples_header, samples_path
 

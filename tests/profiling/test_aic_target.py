@@ -17,8 +17,8 @@ import typer
 from typer.testing import CliRunner
 
 from vertumnus.config import REPO_ROOT
-from vertumnus.profiling.aic_target import AicError, AicSpec, AicTarget
 from vertumnus.cost_model import CostProfile
+from vertumnus.profiling.aic_target import AicError, AicSpec, AicTarget
 from vertumnus.profiling.measure import read_samples, read_samples_header
 
 MODEL = "Qwen/Qwen3-30B-A3B"

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from vertumnus.config import load_config
+from vertumnus.cost_model import CostModel, CostProfile
 from vertumnus.profiling.capacity import (
     CapacityPoint,
     CapacityWorkload,
@@ -20,7 +21,6 @@ from vertumnus.profiling.capacity import (
     measure_capacity,
     spread_ties,
 )
-from vertumnus.cost_model import CostModel, CostProfile
 from vertumnus.profiling.targets import SimTarget
 
 

@@ -3,14 +3,13 @@ pool, a quiet spell of single long prompts merges it again, every request is ans
 worker thread (the runtime defers each decision and acts on it back on the event loop).
 
 Why the outcome does not hang on the machine's speed: the replay prices every request with the pinned serving
-profile (configs/profiles/tiny-cpu-serving-tests.yaml), not with measured times, and ``switch_s`` is set near the
-torch engine's switch (milliseconds; README: 3-9 ms) rather than the simulator's 0.8 s; after the first split the
-replay charges the switch the engine took (``switch_from_observed``), which the test checks. From 1xCP4, a burst of
-16 ~2K-token prompts at once is ~2.9 s of predicted queue: a split check (every 1 s) sees splitting win at once
-(more workers in parallel). Once the burst is served, single 4K-token prompts 3 s apart are best on the largest
-degree the pool then has, so merging two small workers wins; ``min_forecast_requests: 4`` lets the burst leave
-the forecast after four newer arrivals. The same scenario in the simulator (sim engine, this profile) splits at
-1.1 s and 2.1 s and merges at 4.1 s."""
+profile (configs/profiles/tiny-cpu-serving-tests.yaml), not with measured times, and
+``controller.predictive.switch_s`` is set near the torch engine's switch (milliseconds; README: 3-9 ms) rather
+than the simulator's 0.8 s; after the first split the replay charges the switch the engine took, which the test
+checks. From 1xCP4, a burst of 16 ~2K-token prompts at once is ~2.9 s of predicted queue: a split check (every
+1 s) sees splitting win at once (more workers in parallel). Once the burst is served, single 4K-token prompts 3 s
+apart are best on the largest degree the pool then has, so merging two small workers wins once the burst has left
+the forecast (after the controller's minimum of newer arrivals, MIN_FORECAST_REQUESTS)."""
 
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ TRICKLE_MAX = 40  # the deadline only bounds a failure: a merge is expected afte
 def server(server_factory: Any) -> Server:
     overrides = {
         "pool": {"initial_composition": "1xCP4"},
-        "controller": {"policy": "predictive", "min_forecast_requests": 4, "switch_s": 0.05},
+        "controller": {"policy": "predictive", "predictive": {"switch_s": 0.05}},
         "cache": {"replication": False},
     }
     return server_factory(overrides)  # type: ignore[no-any-return]

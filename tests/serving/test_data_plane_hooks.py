@@ -17,9 +17,9 @@ import yaml
 from server_harness import TEST_CONFIG
 
 from vertumnus.config import VertumnusConfig, config_from_dict
+from vertumnus.cost_model import CostModel
 from vertumnus.engines.torch.messages import Command, Exported, PrefillDone, RunPrefill
 from vertumnus.interfaces import PrefillJob
-from vertumnus.cost_model import CostModel
 from vertumnus.serving.holds import HoldAt
 from vertumnus.serving.instant import InstantDecode
 from vertumnus.serving.ray_data_plane import RayDataPlane

@@ -47,7 +47,6 @@ def a_dir(tmp_path: Path) -> Path:
         ("config", "validate"),
         ("simulate", "--trace", str(EXCERPT)),
         ("compare", "--trace", str(EXCERPT)),
-        ("calibrate", "--trace", str(EXCERPT)),
         ("evaluate",),
         ("audit",),
         ("profile", "--engine", "sim", "--out", "p.yaml"),
@@ -163,7 +162,7 @@ def test_config_show_prints_every_description_and_loads_back() -> None:
         first = desc.split()[0]
         assert f"# {first}" in text, key
     assert "# Tokens per trie node (cache block)." in text  # cache.block_tokens, its own line above the key
-    assert "  window_s: 5.0" in text and "[default: 10.0]" in text  # a changed value notes the default
+    assert "    theta_up: 0.775" in text and "[default: 0.8]" in text  # a changed value notes the default
     cfg = load_config("configs/sim-40gpu.yaml")
     assert yaml.safe_load(text) == cfg.model_dump(mode="json")  # comments only: still the config
     plain = vertumnus("config", "show", "--config", "configs/sim-40gpu.yaml", "--values-only")

@@ -16,7 +16,7 @@ from vertumnus.cli.main import main
 from vertumnus.config import parse_composition
 from vertumnus.sim.clairvoyant import clairvoyant_forecaster
 from vertumnus.sim.eval_report import HEAD, markdown_phases, markdown_summary, row, verdict_line, workload_heading
-from vertumnus.sim.eval_results import default_sweep_keys
+from vertumnus.sim.eval_results import SWEEP_FLOAT_STEPS, SWEEP_INT_STEPS, SWEEP_KEYS
 from vertumnus.sim.eval_set import load_eval_set
 from vertumnus.sim.evaluate import (
     STATIC,
@@ -190,12 +190,14 @@ def test_cli_errors_are_clear(cli: Cli, tmp_path: Path) -> None:
     _fails_cleanly(cli("evaluate", "--set", ok, "--start", "10xCP2+2xCP8"), "degree(s) [2]")
     _fails_cleanly(cli("evaluate", "--set", ok, "--policy", "magic"), "unknown policy 'magic'")
     _fails_cleanly(cli("evaluate", "--set", ok, "--config", str(tmp_path / "none.yaml")), "none.yaml")
-    _fails_cleanly(cli("evaluate", "--set", ok, "--sweep", "theta_up=a,b"), "bad --sweep")
+    _fails_cleanly(cli("evaluate", "--set", ok, "--sweep", "predictive.merge_margin=a,b"), "bad --sweep")
     _fails_cleanly(cli("evaluate", "--set", ok, "--sweep", "no_such_knob=1"), "unknown config key")
     _fails_cleanly(
         cli("evaluate", "--set", ok, "--tuning-set", str(tmp_path / "nope.yaml")), "evaluation set not found"
     )
-    _fails_cleanly(cli("evaluate", "--set", ok, "--tuning-set", ok, "--sweep", "theta_low=0.3"), "not with --sweep")
+    _fails_cleanly(
+        cli("evaluate", "--set", ok, "--tuning-set", ok, "--sweep", "predictive.merge_margin=0.04"), "not with --sweep"
+    )
     data = yaml.safe_load(Path(ok).read_text())
     data["traces"]["excerpt"] = str(tmp_path / "missing.jsonl")
     (tmp_path / "missing.yaml").write_text(yaml.safe_dump(data))
@@ -204,37 +206,51 @@ def test_cli_errors_are_clear(cli: Cli, tmp_path: Path) -> None:
 
 def test_parse_sweep_grids() -> None:
     cfg = load_sim_config(CONFIG)
-    grid = parse_sweep(["theta_up=0.6,0.7", "persist_windows", "cache.theta_intra=1,2"], cfg)
-    p = cfg.controller.persist_windows
-    assert grid == {"controller.theta_up": [0.6, 0.7], "controller.persist_windows": sorted({max(1, p + d) for d in
-                    (-1, 0, 1, 2)}), "cache.theta_intra": [1.0, 2.0]}  # fmt: skip
+    grid = parse_sweep(["predictive.merge_margin=0.04,0.06", "predictive.merge_persist_s", "cache.theta_intra=1,2"],
+                       cfg)  # fmt: skip
+    w = cfg.controller.window_s  # a horizon counted in windows moves a whole window at a time (2 windows: -1..+2)
+    assert grid == {"controller.predictive.merge_margin": [0.04, 0.06],
+                    "controller.predictive.merge_persist_s": [w * n for n in (1, 2, 3, 4)],
+                    "cache.theta_intra": [1.0, 2.0]}  # fmt: skip
     auto = parse_sweep(["auto"], cfg)
-    assert {"controller.theta_up", "controller.theta_low", "controller.persist_windows"} <= set(auto)
-    assert "controller.long_threshold_tokens" not in auto and "controller.switch_s" not in auto
+    assert {"controller.window_s", "controller.predictive.split_margin"} <= set(auto)
+    assert not any(k.startswith("controller.rules.") for k in auto) and "controller.predictive.switch_s" not in auto
+    rules = cfg.model_copy(deep=True)
+    rules.controller.policy = "rules"
+    auto = parse_sweep(["auto"], rules)
+    assert {"controller.rules.theta_up", "controller.rules.theta_low", "controller.rules.persist_windows"} <= set(auto)
+    assert "controller.rules.long_threshold_tokens" not in auto and not any(".predictive." in k for k in auto)
+    # a key of the policy the config does not run, and a key of the former flat section, name why
+    with pytest.raises(ValueError, match=r"read only by controller\.policy rules"):
+        parse_sweep(["rules.theta_up=0.7"], cfg)
+    with pytest.raises(ValueError, match=r"moved to controller\.predictive\.split_margin"):
+        parse_sweep(["split_margin=0.03"], cfg)
 
 
-def test_the_default_sweep_leaves_out_settings_that_are_off() -> None:
-    # The patient merge is off by default: neither its margin (None) nor its window count (which acts only with
-    # the margin set) is swept; with the margin set, both are.
-    cc = load_sim_config("configs/sim-40gpu.yaml").controller
-    assert cc.merge_patient_margin is None
-    keys = default_sweep_keys(cc)
-    assert keys == ("merge_margin", "merge_stress", "merge_stress_windows", "merge_persist_windows")
-    on = cc.model_copy(update={"merge_patient_margin": 0.01})
-    assert default_sweep_keys(on) == (*keys, "merge_patient_margin", "merge_patient_windows")
-    rules = cc.model_copy(update={"policy": "rules"})
-    assert default_sweep_keys(rules) == ("theta_up", "theta_low", "persist_windows")
+def test_the_default_sweep_varies_what_each_policy_reads() -> None:
+    cfg = load_sim_config("configs/sim-40gpu.yaml")
+    grid = parse_sweep(list(SWEEP_KEYS["predictive"]), cfg, SWEEP_FLOAT_STEPS, SWEEP_INT_STEPS)
+    assert grid == {"controller.predictive.merge_margin": [0.045, 0.05, 0.055],
+                    "controller.predictive.merge_stress_memory_s": [25.0, 30.0, 35.0],
+                    "controller.predictive.merge_persist_s": [5.0, 10.0, 15.0]}  # fmt: skip
+    cfg.controller.policy = "rules"
+    grid = parse_sweep(list(SWEEP_KEYS["rules"]), cfg, SWEEP_FLOAT_STEPS, SWEEP_INT_STEPS)
+    assert grid == {"controller.rules.theta_up": [0.6975, 0.775, 0.8525],
+                    "controller.rules.theta_low": [0.405, 0.45, 0.495],
+                    "controller.rules.persist_windows": [1, 2, 3]}  # fmt: skip
 
 
 def test_cli_evaluate_and_sweep_on_a_tiny_set(cli: Cli, tmp_path: Path) -> None:
     set_path = str(_tiny_set(tmp_path))
     cfg = load_sim_config(CONFIG)
     out = tmp_path / "sw"
-    bad = round(cfg.controller.theta_up + 0.1, 3)  # θ_low ≥ θ_up: rejected by the config, reported and skipped
-    r = cli("evaluate", "--set", set_path, "--sweep", f"theta_low=0.2,{bad}", "--out", str(out), "--no-progress")
+    bad = 1.0  # a merge margin must be below 1: rejected by the config, reported and skipped
+    r = cli("evaluate", "--set", set_path, "--sweep", f"predictive.merge_margin=0.02,{bad}", "--out", str(out),
+            "--no-progress")  # fmt: skip
     assert r.returncode == 0, r.stderr
     points = json.loads((out / "sensitivity.json").read_text())
-    assert [(p["value"], p["is_base"]) for p in points] == [(0.2, False), (cfg.controller.theta_low, True),
+    assert [(p["value"], p["is_base"]) for p in points] == [(0.02, False),
+                                                            (cfg.controller.predictive.merge_margin, True),
                                                             (bad, False)]  # fmt: skip
     assert points[2]["note"] and points[2].get("ratio_best") is None
     base = json.loads((out / "evaluation.json").read_text())
@@ -263,7 +279,7 @@ def test_results_section_renders_every_profile_and_skips_missing_ones(tmp_path: 
     set_path = str(_tiny_set(tmp_path))
     md = results_section(
         tmp_path / "img", tmp_path, profiles=(("calibrated", CONFIG), ("other", str(tmp_path / "absent.yaml"))),
-        set_path=set_path, tuning_path=set_path, sweep_keys=("theta_low=0.3",), log=lambda _: None,
+        set_path=set_path, tuning_path=set_path, sweep_keys=("predictive.merge_margin=0.04",), log=lambda _: None,
     )  # fmt: skip
     assert "### Profile: calibrated" in md and "| tiny | 6xCP4+2xCP8 |" in md
     # The tuning set here is the test set itself: its fixed pick is the one workload's best fixed composition,
@@ -277,7 +293,9 @@ def test_results_section_renders_every_profile_and_skips_missing_ones(tmp_path: 
     )
     assert f"Skipped: `{tmp_path / 'absent.yaml'}` does not exist" in md
     assert "![test-set verdict against each controller threshold](img/eval_sensitivity.png)" in md
-    assert (tmp_path / "img" / "eval_sensitivity.png").is_file() and "| controller.theta_low | 0.3 |" in md
+    assert (
+        tmp_path / "img" / "eval_sensitivity.png"
+    ).is_file() and "| controller.predictive.merge_margin | 0.04 |" in md
     assert "load 1.0 is the rate" in md  # the protocol's rule is stated
     # The controller ablation: the configured predictive policy and the rule controller on the same fixed runs.
     rows = [line.split(" | ") for line in md.splitlines() if line.startswith(("| `predictive` (configured) |",

@@ -79,7 +79,7 @@ def test_rates_and_long_shares_per_phase_come_out_as_specified() -> None:
     ]
     records, _ = generate_records(phases, pool, seed=3)
     ts = np.array([r.timestamp_s for r in records])
-    long = np.array([r.input_len > CFG.controller.long_threshold_tokens for r in records])
+    long = np.array([r.input_len > CFG.controller.rules.long_threshold_tokens for r in records])
     for k, ph in enumerate(phases):
         sel = (ts >= 300 * k) & (ts < 300 * (k + 1))
         n = int(sel.sum())

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from vertumnus.config import config_from_dict
+from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.engines.sim import SimDataPlane
 from vertumnus.interfaces import PrefillJob
-from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.sim.events import EventKind, EventLoop
 from vertumnus.types import (
     CacheOp,
@@ -76,6 +76,7 @@ def make(capacity_per_rank: int = 10) -> tuple[EventLoop, SimDataPlane, Recorder
                 "gpus_per_node": 4,
                 "degrees": [1, 2, 4],
                 "kv_capacity_blocks_per_rank": capacity_per_rank,
+                "sim_switch_s": 0.25,
             },
             "cache": {
                 "block_tokens": BLOCK,
@@ -83,7 +84,6 @@ def make(capacity_per_rank: int = 10) -> tuple[EventLoop, SimDataPlane, Recorder
                 "intra_node_gbps": 1.0,
                 "inter_node_gbps": 0.5,
             },
-            "controller": {"switch_s": 0.25},
         }
     )
     loop = EventLoop()

@@ -121,13 +121,14 @@ def test_load_step_triggers_a_split(policy: str) -> None:
     else:
         # CP4 is faster than CP8 for these short prompts (E_4 < E_8 up to ~8K tokens), but at 1 req/s the few
         # requests of the 10-s forecast do not pay back the split's switch: a burst forecast that "wins" on one
-        # or two arrivals is refused by the span (burst_split_full_slack). The step is answered by a
+        # or two arrivals is refused by the span (burst_full_slack). The step is answered by a
         # between-windows check within two check intervals, not at a window end as the rules do.
         assert cost.predict(4, 2048, 0) < cost.predict(8, 2048, 0)
         began = first.time_s - first.drain_s - first.switch_s
-        assert cfg.controller.check_interval_s is not None
-        assert 60.0 < began <= 60.0 + 2 * cfg.controller.check_interval_s
-    assert first.switch_s == pytest.approx(cfg.controller.switch_s)
+        check_s = cfg.controller.predictive.check_interval_s
+        assert check_s is not None
+        assert 60.0 < began <= 60.0 + 2 * check_s
+    assert first.switch_s == pytest.approx(cfg.pool.sim_switch_s)
     assert res.composition[0][1] == {8: 1}
     assert res.composition[1] == (first.time_s, {4: 2})
     static = run_policy(reqs, cfg, cost, "vertumnus-static")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from vertumnus.config import ConfigError, describe_config, dump_config, load_config, missing_files
+from vertumnus.config import ConfigError, describe_config, dump_config, load_config, missing_files, unread_settings
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
@@ -38,7 +38,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     @config_app.command("validate")
     def validate(config: Path = typer.Option(..., "--config", "-c", help="YAML config file.")) -> None:
         """Validate a config file and the files it names (cost profile, history trace); exit non-zero naming
-        the bad key."""
+        the bad key. Notes the keys the configured controller policy does not read."""
         from vertumnus.cost_model import CostProfile
 
         cfg = load_config(config)
@@ -51,3 +51,5 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         if problems:
             raise ConfigError(f"invalid config {config}:\n" + "\n".join(f"  {p}" for p in problems))
         typer.echo(f"{config}: ok")
+        for note in unread_settings(cfg):
+            typer.echo(f"  note: {note}")

@@ -34,7 +34,10 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
             help="Request streams per run (figures are their means; default: the set's `replicates`).",
         ),
         sweep: list[str] = typer.Option(
-            [], "--sweep", help="Sensitivity: KEY=V1,V2 (controller key unless dotted), a bare KEY, or 'auto'."
+            [],
+            "--sweep",
+            help="Sensitivity: KEY=V1,V2 (e.g. predictive.merge_margin=0.04,0.06; rules.*, predictive.* and "
+            "window_s are controller keys, others dotted from the root), a bare KEY, or 'auto'.",
         ),
         plot: Path | None = typer.Option(None, "--plot", help="Sensitivity plot path (default OUT/sensitivity.png)."),
         tuning_set: str | None = typer.Option(

@@ -1,20 +1,18 @@
-"""`vertumnus profile` (measure + fit + κ, or --show a profile), `vertumnus calibrate`, `vertumnus bench profile`."""
+"""`vertumnus profile` (measure + fit + κ, or --show a profile) and `vertumnus bench profile`."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from vertumnus.config import VertumnusConfig, load_config
-from vertumnus.cost_model import CostModel, CostProfile
+from vertumnus.cost_model import CostProfile
 from vertumnus.profiling.flow import FitRejected, ProfileOptions, ProfileRun, run_profile
 from vertumnus.profiling.measure import GridPoint, GridSpec, parse_float_list, parse_int_list, total_runs
 from vertumnus.profiling.report import profile_table, region_table
@@ -22,8 +20,6 @@ from vertumnus.profiling.targets import ENGINES, ProfilingTarget, make_target
 
 if TYPE_CHECKING:
     from vertumnus.profiling.aic_target import AicSpec
-    from vertumnus.profiling.calibrate import CalibrationSpec, Trial
-    from vertumnus.types import Request
 
 DEFAULT_TRACE = "../shared/traces/conversation_first15min.jsonl"
 
@@ -116,41 +112,16 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         )
         run_and_report(target, spec, cfg, opts, console)
 
-    @app.command("calibrate")
-    def calibrate(
-        trace: Path = typer.Option(..., "--trace", "-t", help="Mooncake JSONL trace to simulate."),
-        config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (default: the sim config)."),
-        budget: int = typer.Option(24, help="Most simulator runs to spend (trial 0 is the config as given)."),
-        objective: str = typer.Option("ttft", help="ttft (mean TTFT first) | slo (token-weighted attainment first)."),
-        seed: int = typer.Option(0, help="Seed of the candidate sampling when a stage's grid exceeds its budget."),
-        target_rps: float | None = typer.Option(None, help="Compress the trace to this request rate."),
-        slice_s: str | None = typer.Option(None, "--slice", help="START:END seconds of the trace to use."),
-        theta_up: str = typer.Option("0.6,0.7,0.8,0.9,1.0", help="Candidate θ_up values."),
-        theta_low: str = typer.Option("0.2,0.3,0.4,0.5", help="Candidate θ_low values (< θ_up)."),
-        theta_inter: str = typer.Option("0.1,0.5,2", help="Candidate θ_inter values."),
-        theta_intra: str = typer.Option("4,8,16", help="Candidate θ_intra values."),
-        theta_reclaim: str = typer.Option("0.25,0.5,1", help="Candidate θ_reclaim values (< θ_intra)."),
-        decay: str = typer.Option("0.3,0.5,0.8", help="Candidate decay values in (0, 1)."),
-    ) -> None:
-        """Search θ_up/θ_low and the cache thresholds in the simulator; print the table and the YAML to paste."""
-        from vertumnus.profiling.calibrate import CalibrationSpec
-        from vertumnus.sim.inputs import load_cost, load_sim_config, load_workload_requests
-
-        grids = {
-            name: parse_float_list(text, f"--{name.replace('_', '-')}")
-            for name, text in (
-                ("theta_up", theta_up),
-                ("theta_low", theta_low),
-                ("theta_inter", theta_inter),
-                ("theta_intra", theta_intra),
-                ("theta_reclaim", theta_reclaim),
-                ("decay", decay),
-            )
-        }
-        spec = CalibrationSpec(budget=budget, objective=objective, seed=seed, **grids)
-        cfg = load_sim_config(str(config) if config else None)
-        work = load_workload_requests(cfg, trace=str(trace), target_rps=target_rps, slice_spec=slice_s)
-        calibrate_and_report(work.requests, cfg, load_cost(cfg), spec, _console())
+    @app.command("calibrate", hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def calibrate() -> None:
+        """Removed: it searched thresholds the default policies do not read."""
+        typer.echo(
+            "vertumnus calibrate was removed: it searched the rule controller's band and a cache threshold that the "
+            "default policies do not read. Vary what they read on a tuning set with `vertumnus evaluate --set "
+            "configs/eval/tuning.yaml --sweep predictive.merge_margin` (any KEY, or 'auto'; docs/tuning.md).",
+            err=True,
+        )
+        raise typer.Exit(2)
 
     @bench_app.command("profile")
     def bench_profile(
@@ -280,59 +251,3 @@ def run_and_report(
     if show_files:
         console.print("wrote " + ", ".join(str(p) for p in run.written))
     return run
-
-
-def calibrate_and_report(
-    requests: Sequence[Request], cfg: VertumnusConfig, cost: CostModel, spec: CalibrationSpec, console: Console
-) -> Trial:
-    """Run the search under a progress bar; print the table of trials and the YAML of the best one."""
-    from vertumnus.profiling.calibrate import best_trial, calibrate, paste_yaml
-
-    with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-    ) as bar:
-        task = bar.add_task("calibrating", total=spec.budget)
-
-        def tick(t: Trial) -> None:
-            bar.update(task, advance=1, description=f"trial {t.index} ({t.stage})")
-
-        trials = calibrate(requests, cfg, cost, spec, tick)
-        bar.update(task, total=len(trials))
-    best = best_trial(trials, spec.objective)
-    console.print(trials_table(trials, best, spec.objective))
-    console.print(f"best: trial {best.index} — paste into your config:", highlight=False)
-    console.print(paste_yaml(best), highlight=False, markup=False)
-    return best
-
-
-def trials_table(trials: Sequence[Trial], best: Trial, objective: str) -> Table:
-    """One row per simulator run, the winner marked with ★."""
-    from vertumnus.profiling.calibrate import CACHE_KEYS, CONTROLLER_KEYS
-
-    t = Table(
-        title=f"calibration trials (objective: {objective}; TTFT, P90 = mean and P90 TTFT in s; attain = "
-        "token-weighted SLO attainment; incompl = rejected + unfinished)",
-        box=box.SIMPLE_HEAD,
-    )
-    for col in ("#", "stage", "θ_up", "θ_low", "θ_inter", "θ_intra", "θ_recl", "decay"):
-        t.add_column(col, justify="right", no_wrap=True)
-    for col in ("TTFT", "P90", "attain", "incompl", "reconf", "repl"):
-        t.add_column(col, justify="right", no_wrap=True)
-    for tr in trials:
-        s = tr.summary
-        t.add_row(
-            ("★" if tr is best else "") + str(tr.index),
-            tr.stage,
-            *(f"{tr.values[k]:g}" for k in (*CONTROLLER_KEYS, *CACHE_KEYS)),
-            _fmt(s.get("mean_ttft_s"), ".3f"),
-            _fmt(s.get("p90_ttft_s"), ".3f"),
-            _fmt(s.get("slo_attainment_token_weighted"), ".1%"),
-            str(tr.incomplete),
-            str(s.get("reconfigurations", 0)),
-            str(s.get("replications", 0)),
-        )
-    return t
-
-
-def _fmt(v: object, spec: str) -> str:
-    return "—" if v is None else format(v, spec)

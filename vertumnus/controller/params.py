@@ -11,11 +11,10 @@ constants) so that an experiment or a test can vary one without a config key.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
-from vertumnus.config import VertumnusConfig
+from vertumnus.config import VertumnusConfig, whole_windows
 
 # Splits one decision may start together: a burst far above capacity is answered at once.
 # docs/tuning.md#max_concurrent_splits
@@ -37,10 +36,10 @@ MIN_FORECAST_REQUESTS = 32
 RESAMPLE_AFTER_S = 15.0
 
 
-def whole_windows(seconds: float, window_s: float, key: str) -> int:
+def _windows(seconds: float, window_s: float, key: str) -> int:
     """``seconds`` as a count of ``window_s`` windows; ValueError naming ``key`` when it is not a whole number."""
-    n = round(seconds / window_s)
-    if not math.isclose(n * window_s, seconds, rel_tol=1e-9, abs_tol=1e-9):
+    n = whole_windows(seconds, window_s)
+    if n is None:
         raise ValueError(
             f"controller.predictive.{key} ({seconds:g} s) must be a whole number of windows "
             f"(controller.window_s {window_s:g} s)"
@@ -60,11 +59,12 @@ class ControllerParams:
 
     @classmethod
     def from_config(cls, cfg: VertumnusConfig) -> ControllerParams:
-        """Read ``controller.enabled / policy / window_s / long_threshold_tokens / switch_s``."""
+        """Read ``controller.enabled / policy / window_s``, ``rules.long_threshold_tokens`` and
+        ``predictive.switch_s``."""
         cc = cfg.controller
         return cls(
             enabled=cc.enabled, policy=cc.policy, window_s=cc.window_s,
-            long_threshold_tokens=cc.long_threshold_tokens, switch_s=cc.switch_s,
+            long_threshold_tokens=cc.rules.long_threshold_tokens, switch_s=cc.predictive.switch_s,
         )  # fmt: skip
 
 
@@ -79,10 +79,10 @@ class RulesParams:
 
     @classmethod
     def from_config(cls, cfg: VertumnusConfig) -> RulesParams:
-        """Read ``controller.theta_up / theta_low / delta_long / persist_windows``."""
-        cc = cfg.controller
+        """Read ``controller.rules``."""
+        rc = cfg.controller.rules
         return cls(
-            theta_up=cc.theta_up, theta_low=cc.theta_low, delta_long=cc.delta_long, persist_windows=cc.persist_windows
+            theta_up=rc.theta_up, theta_low=rc.theta_low, delta_long=rc.delta_long, persist_windows=rc.persist_windows
         )
 
 
@@ -122,12 +122,12 @@ class PredictiveParams:
     @property
     def merge_persist_windows(self) -> int:
         """Window ends in a row a merge must be wanted at (at least 1)."""
-        return max(1, whole_windows(self.merge_persist_s, self.window_s, "merge_persist_s"))
+        return max(1, _windows(self.merge_persist_s, self.window_s, "merge_persist_s"))
 
     @property
     def merge_stress_windows(self) -> int:
         """Window demands the merge stress remembers (0: none, the stress is always ``merge_stress_max``)."""
-        return whole_windows(self.merge_stress_memory_s, self.window_s, "merge_stress_memory_s")
+        return _windows(self.merge_stress_memory_s, self.window_s, "merge_stress_memory_s")
 
     @property
     def span_windows(self) -> int:
@@ -137,22 +137,22 @@ class PredictiveParams:
     @classmethod
     def from_config(cls, cfg: VertumnusConfig) -> PredictiveParams:
         """Read the predictive policy's keys of ``controller`` (and the scheduler's β, λ, the pool's degrees)."""
-        cc = cfg.controller
+        cc, pc = cfg.controller, cfg.controller.predictive
         return cls(
             window_s=cc.window_s,
             degrees=tuple(sorted(cfg.pool.degrees)),
             beta=cfg.scheduler.beta,
             lam=cfg.scheduler.lam,
-            check_interval_s=cc.check_interval_s,
-            span_s=cc.lookback_windows * cc.window_s,
-            burst_span_s=cc.burst_lookback_s,
-            switch_s=cc.switch_s,
-            split_margin=cc.split_margin,
-            burst_full_slack=cc.burst_split_full_slack,
-            split_resamples=cc.split_resamples,
-            burst_resample_slack=cc.burst_resample_slack,
-            merge_margin=cc.merge_margin,
-            merge_persist_s=cc.merge_persist_windows * cc.window_s,
-            merge_stress_memory_s=cc.merge_stress_windows * cc.window_s,
-            max_concurrent_merges=cc.max_concurrent_merges,
+            check_interval_s=pc.check_interval_s,
+            span_s=pc.span_s,
+            burst_span_s=pc.burst_span_s,
+            switch_s=pc.switch_s,
+            split_margin=pc.split_margin,
+            burst_full_slack=pc.burst_full_slack,
+            split_resamples=pc.split_resamples,
+            burst_resample_slack=pc.burst_resample_slack,
+            merge_margin=pc.merge_margin,
+            merge_persist_s=pc.merge_persist_s,
+            merge_stress_memory_s=pc.merge_stress_memory_s,
+            max_concurrent_merges=pc.max_concurrent_merges,
         )

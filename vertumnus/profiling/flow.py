@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vertumnus.config import VertumnusConfig
-from vertumnus.profiling.capacity import CapacityResult, load_workload, measure_capacity
 from vertumnus.cost_model import CostModel, CostProfile
+from vertumnus.profiling.capacity import CapacityResult, load_workload, measure_capacity
 from vertumnus.profiling.fit import DegreeFit, fit_profile
 from vertumnus.profiling.measure import (
     GridPoint,

@@ -90,8 +90,7 @@ class _Recorder:
 def single_worker_config(cfg: VertumnusConfig, degree: int) -> VertumnusConfig:
     """``cfg`` with a pool of exactly one node of ``degree`` ranks and that one degree."""
     data = cfg.model_dump(mode="json")
-    data["pool"].update(nodes=1, gpus_per_node=degree, degrees=[degree], initial_composition=None)
-    data["controller"]["history_trace"] = None
+    data["pool"].update(nodes=1, gpus_per_node=degree, degrees=[degree], initial_composition=None, history_trace=None)
     return config_from_dict(data, f"<profiling config, degree {degree}>")
 
 

@@ -28,8 +28,8 @@ from typing import Any
 import uvicorn
 
 from vertumnus.config import VertumnusConfig
-from vertumnus.interfaces import DataPlane
 from vertumnus.cost_model import CostModel
+from vertumnus.interfaces import DataPlane
 from vertumnus.serving.app import create_app
 from vertumnus.serving.handoff import DecodeBackend
 from vertumnus.serving.hosting import RayHosting, start_hosting

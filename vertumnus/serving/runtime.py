@@ -32,9 +32,9 @@ from typing import Any
 from vertumnus.cache.block_keys import keys_from_tokens
 from vertumnus.config import VertumnusConfig
 from vertumnus.controller.controller import PendingDecision
+from vertumnus.cost_model import CostModel
 from vertumnus.interfaces import DataPlane, EngineStatsSource
 from vertumnus.pool import GAVE_UP_ERROR, PoolSnapshot, PrefillPool, RequestRejected
-from vertumnus.cost_model import CostModel
 from vertumnus.serving.errors import APIError
 from vertumnus.serving.handoff import DecodeBackend, DecodeChunk, DecodeRequest, Handoff, HandoffSource
 from vertumnus.serving.metrics import ServingMetrics, WorkerRow

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from vertumnus.config import ControllerConfig
 from vertumnus.sim.eval_report import (
     columns_text,
     criteria_text,
@@ -49,26 +48,13 @@ PROFILES: tuple[tuple[str, str], ...] = (
 # policy's decision reads (the rule band and its persistence; the predictive merge caution, which decides
 # when capacity is given away — its split side acts on any predicted gain).
 SWEEP_KEYS: dict[str, tuple[str, ...]] = {
-    "rules": ("theta_up", "theta_low", "persist_windows"),
-    "predictive": (
-        "merge_margin", "merge_stress", "merge_stress_windows", "merge_persist_windows", "merge_patient_margin",
-        "merge_patient_windows",
-    ),
-}  # fmt: skip
-# ±10% (floats) and ±1 (integers): two more runs of the policy per key and workload keep `make results` affordable.
+    "rules": ("rules.theta_up", "rules.theta_low", "rules.persist_windows"),
+    "predictive": ("predictive.merge_margin", "predictive.merge_stress_memory_s", "predictive.merge_persist_s"),
+}
+# ±10% (floats) and ±1 (integers and whole windows): two more runs of the policy per key and workload keep
+# `make results` affordable.
 SWEEP_FLOAT_STEPS = (0.9, 1.0, 1.1)
 SWEEP_INT_STEPS = (-1, 0, 1)
-
-
-def default_sweep_keys(cc: ControllerConfig) -> tuple[str, ...]:
-    """The thresholds the sensitivity sweep varies for ``cc``'s policy: :data:`SWEEP_KEYS`, less a setting that
-    is off (None: no value to vary around) and the patient merge's window count while that merge is off (varying
-    it would re-run the policy unchanged)."""
-    return tuple(
-        k
-        for k in SWEEP_KEYS[cc.policy]
-        if getattr(cc, k) is not None and (k != "merge_patient_windows" or cc.patient_merges)
-    )
 
 
 def _stderr(msg: str) -> None:
@@ -172,7 +158,7 @@ def results_section(
         tuned = tuning_pick(tuning.source, config, jobs=jobs) if tuning is not None else None
         if first and (sweep_keys is None or len(sweep_keys) > 0):
             cfg = plan(set_path, config, policy).cfg
-            keys = default_sweep_keys(cfg.controller) if sweep_keys is None else sweep_keys
+            keys = SWEEP_KEYS[cfg.controller.policy] if sweep_keys is None else sweep_keys
             grid = parse_sweep(list(keys), cfg, SWEEP_FLOAT_STEPS, SWEEP_INT_STEPS)
             sw = sweep(set_path, config, grid, policy, jobs=jobs)
             res = sw.base

@@ -61,7 +61,7 @@ SUMMARY_KEYS = (
     "final_composition", "sim_wall_s", "sim_cpu_s",
 )  # fmt: skip
 PHASE_KEYS = ("requests", "completed", "mean_ttft_s", "p90_ttft_s", "slo_attainment_token_weighted")
-Overrides = tuple[tuple[str, Any], ...]  # (dotted config key, value): e.g. (("controller.theta_up", 0.7),)
+Overrides = tuple[tuple[str, Any], ...]  # (dotted config key, value): e.g. (("controller.rules.theta_up", 0.7),)
 
 
 # -- digests of runs ---------------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def configure(
     elif policy == "least-work":
         router = LeastWorkPolicy()
     elif policy == "length-threshold":
-        router = LengthThresholdPolicy(out.controller.long_threshold_tokens)
+        router = LengthThresholdPolicy(out.controller.rules.long_threshold_tokens)
     elif policy == "sglang-cache-aware":
         router = SGLangCacheAwarePolicy(b)
     else:

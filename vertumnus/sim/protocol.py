@@ -1,7 +1,7 @@
 """Out-of-sample workloads: time-varying request streams resampled from the public Mooncake traces.
 
 A workload is a sequence of :class:`LoadPhase` s. Each phase states a *load factor* (relative to the pool's
-capacity) and a long-request share (long = input > ``controller.long_threshold_tokens``), both either constant
+capacity) and a long-request share (long = input > ``controller.rules.long_threshold_tokens``), both either constant
 or moving from a start to an end value along a linear or half-cosine curve (a sine wave is a chain of
 half-cosine phases). Arrivals are a non-homogeneous Poisson process (thinning); each arrival is long with the
 phase's share at that instant and is drawn, with replacement, from the source pool's long or short requests.
@@ -419,7 +419,7 @@ def make_pool(
     cost: CostModel,
 ) -> SourcePool:
     """The pool of ``traces`` (name → records, the namespace order is the sorted name order) over ``fraction``."""
-    threshold = cfg.controller.long_threshold_tokens
+    threshold = cfg.controller.rules.long_threshold_tokens
     short: list[PoolRequest] = []
     long: list[PoolRequest] = []
     for k, name in enumerate(sorted(traces)):

@@ -43,28 +43,26 @@ def _setup(rep: Report) -> str:
                            f"{ca.bytes_per_block / 2**20:.1f} MiB per block"),
         ("TTFT SLO", f"τ = {slo.base_s:g} s + {slo.per_token_s:g} s × L; T_ext = {slo.t_ext_s:g} s"),
         ("scheduler", f"β = {c.scheduler.beta:g}, λ = {c.scheduler.lam:g}"),
-        ("controller", _controller_setting(cc)),
+        ("controller", _controller_setting(cc, pool.sim_switch_s)),
         ("cache manager", _cache_setting(ca)),
     ]  # fmt: skip
     lines = ["| setting | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     return "\n".join(lines) + "\n"
 
 
-def _controller_setting(cc: ControllerConfig) -> str:
+def _controller_setting(cc: ControllerConfig, sim_switch_s: float) -> str:
     """The controller's row of the setup table: its policy and the parameters that policy reads."""
     if cc.policy == "rules":
-        return (f"`controller.policy: rules`: window {cc.window_s:g} s, θ_up {cc.theta_up:g}, θ_low {cc.theta_low:g}, "
-                f"Δ_long {cc.delta_long:g}, persist {cc.persist_windows}, switch {cc.switch_s:g} s")  # fmt: skip
-    check = "window ends only" if cc.check_interval_s is None else f"split checks every {cc.check_interval_s:g} s"
-    patient = ""
-    if cc.patient_merges:
-        patient = f"; above {cc.merge_patient_margin:g} after {cc.merge_patient_windows} windows"
-    return (f"`controller.policy: predictive`: window {cc.window_s:g} s, replay of the last {cc.lookback_windows:g} "
-            f"windows (≥ {cc.min_forecast_requests} arrivals), burst look-back {cc.burst_lookback_s:g} s, {check}; "
-            f"split margin {cc.split_margin:g} ({cc.split_persist_windows} window(s)), merge margin "
-            f"{cc.merge_margin:g} ({cc.merge_persist_windows} windows, stress ×{cc.merge_stress:g}{patient}), ≤ "
-            f"{cc.max_concurrent_ops} splits / {cc.max_concurrent_merges} merge(s) at once, "
-            f"switch {cc.switch_s:g} s")  # fmt: skip
+        r = cc.rules
+        return (f"`controller.policy: rules`: window {cc.window_s:g} s, θ_up {r.theta_up:g}, θ_low {r.theta_low:g}, "
+                f"Δ_long {r.delta_long:g}, persist {r.persist_windows}, switch {sim_switch_s:g} s")  # fmt: skip
+    p = cc.predictive
+    check = "window ends only" if p.check_interval_s is None else f"split checks every {p.check_interval_s:g} s"
+    return (f"`controller.policy: predictive`: window {cc.window_s:g} s, replay of the last {p.span_s:g} s, "
+            f"burst span {p.burst_span_s:g} s, {check}; split margin {p.split_margin:g}, merge margin "
+            f"{p.merge_margin:g} (wanted for {p.merge_persist_s:g} s, load swings of the last "
+            f"{p.merge_stress_memory_s:g} s), ≤ {p.max_concurrent_merges} merge(s) at once, switch priced at "
+            f"{p.switch_s:g} s until observed, simulated switch {sim_switch_s:g} s")  # fmt: skip
 
 
 def _cache_setting(ca: CacheConfig) -> str:

@@ -81,7 +81,7 @@ def workload_history(requests: Sequence[Request], cfg: VertumnusConfig, cost: Co
     return summarize_history(
         np.array([r.arrival_s for r in requests]), np.array([r.input_len for r in requests], dtype=np.int64),
         [r.block_keys for r in requests], cost, c.pool.degrees, c.controller.window_s,
-        c.controller.long_threshold_tokens, c.cache.block_tokens, c.scheduler.beta, c.scheduler.lam,
+        c.controller.rules.long_threshold_tokens, c.cache.block_tokens, c.scheduler.beta, c.scheduler.lam,
     )  # fmt: skip
 
 
@@ -110,7 +110,7 @@ class Simulation:
         self.loop = EventLoop()
         self.data_plane = SimDataPlane(self.cfg, cost, self.loop)
         history = None
-        if not self.cfg.pool.initial_composition and not self.cfg.controller.history_trace:
+        if not self.cfg.pool.initial_composition and not self.cfg.pool.history_trace:
             history = workload_history(self.requests, self.cfg, cost)
         self.pool = PrefillPool(self.cfg, cost, self.data_plane, self.loop.clock, router=router, history=history)
         self.collector = Collector(self.cfg.slo.t_ext_s, self.loop.clock)

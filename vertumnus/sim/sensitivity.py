@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from vertumnus.config import ControllerConfig, VertumnusConfig
+from vertumnus.config import ControllerConfig, PredictiveConfig, RulesConfig, VertumnusConfig, whole_windows
+from vertumnus.config.renamed import RENAMED
 from vertumnus.sim.evaluate import (
     EvalResult,
     Overrides,
@@ -31,21 +32,30 @@ from vertumnus.sim.evaluate import (
     run_tasks,
 )
 
-# Not thresholds of the decision: the long-request class defines the workload, switch_s is simulated hardware
-# time, headroom only picks the initial composition (the evaluation states the start composition).
-NOT_THRESHOLDS = frozenset({"long_threshold_tokens", "switch_s", "headroom"})
+# Not thresholds of the decision: the long-request class defines the workload, switch_s prices a simulated
+# hardware time until it is observed.
+NOT_THRESHOLDS = frozenset({"controller.rules.long_threshold_tokens", "controller.predictive.switch_s"})
+# Horizons the controller counts in windows: swept a whole window at a time (any other value is a config error).
+WINDOW_KEYS = frozenset({"controller.predictive.merge_persist_s", "controller.predictive.merge_stress_memory_s"})
 FLOAT_STEPS = (0.8, 0.9, 1.0, 1.1, 1.2)
 INT_STEPS = (-1, 0, 1, 2)
+_SECTIONS: dict[str, type[RulesConfig] | type[PredictiveConfig]] = {
+    "rules": RulesConfig,
+    "predictive": PredictiveConfig,
+}
 
 
 def controller_thresholds(cfg: VertumnusConfig) -> list[str]:
-    """Every numeric ``controller.*`` field of the config except :data:`NOT_THRESHOLDS` (new knobs included)."""
-    out = []
-    for name in ControllerConfig.model_fields:
-        v = getattr(cfg.controller, name)
-        if name in NOT_THRESHOLDS or isinstance(v, bool) or not isinstance(v, (int, float)):
+    """``controller.window_s`` and every numeric field of the configured policy's section except
+    :data:`NOT_THRESHOLDS` (new knobs included); the other policy's section is not read, so not swept."""
+    policy = cfg.controller.policy
+    section = getattr(cfg.controller, policy)
+    out = ["controller.window_s"]
+    for name in _SECTIONS[policy].model_fields:
+        key, v = f"controller.{policy}.{name}", getattr(section, name)
+        if key in NOT_THRESHOLDS or isinstance(v, bool) or not isinstance(v, (int, float)):
             continue
-        out.append(f"controller.{name}")
+        out.append(key)
     return out
 
 
@@ -61,7 +71,25 @@ def around(
     return sorted({round(value * f, 4) for f in float_steps})
 
 
+def _around_key(
+    cfg: VertumnusConfig, key: str, float_steps: Sequence[float], int_steps: Sequence[int]
+) -> list[float | int]:
+    """:func:`around` the config's value of ``key``; a horizon of :data:`WINDOW_KEYS` moves in whole windows."""
+    value = _get(cfg, key)
+    w = cfg.controller.window_s
+    if key in WINDOW_KEYS and (n := whole_windows(value, w)):
+        return [float(w * k) for k in around(n, float_steps, int_steps)]
+    return around(value, float_steps, int_steps)
+
+
 def _key(name: str) -> str:
+    """A sweep key as a full dotted key: ``predictive.split_margin`` and ``window_s`` are ``controller.`` keys; a
+    key of the former flat controller section names where it went."""
+    head = name.split(".", 1)[0]
+    if head in ControllerConfig.model_fields:
+        return f"controller.{name}"
+    if "." not in name and name in RENAMED:
+        raise ValueError(f"--sweep {name}: {RENAMED[name]} (sweep keys below controller drop the 'controller.')")
     return name if "." in name else f"controller.{name}"
 
 
@@ -74,27 +102,37 @@ def _get(cfg: VertumnusConfig, key: str) -> Any:
     return node
 
 
+def _read_by_policy(cfg: VertumnusConfig, key: str) -> None:
+    """Refuse a key of the policy section the config does not run (varying it would rerun the policy unchanged)."""
+    policy = cfg.controller.policy
+    for other in _SECTIONS:
+        if other != policy and key.startswith(f"controller.{other}."):
+            raise ValueError(f"--sweep {key}: read only by controller.policy {other} (the config runs {policy})")
+
+
 def parse_sweep(
     specs: Sequence[str],
     cfg: VertumnusConfig,
     float_steps: Sequence[float] = FLOAT_STEPS,
     int_steps: Sequence[int] = INT_STEPS,
 ) -> dict[str, list[Any]]:
-    """``["theta_up=0.6,0.7", "persist_windows"]`` → grid; a bare key (or ``auto`` for every controller threshold)
-    gets :func:`around` its config value. Keys without a section are ``controller.`` keys."""
+    """``["predictive.split_margin=0.01,0.03", "predictive.merge_persist_s"]`` → grid; a bare key (or ``auto``
+    for every threshold of the configured policy) gets :func:`around` its config value. Keys below ``controller``
+    (``rules.*``, ``predictive.*``, ``window_s``) may drop the ``controller.``."""
     grid: dict[str, list[Any]] = {}
     for spec in specs:
         if spec.strip() == "auto":
             for k in controller_thresholds(cfg):
-                grid[k] = around(_get(cfg, k), float_steps, int_steps)
+                grid[k] = _around_key(cfg, k, float_steps, int_steps)
             continue
         name, sep, values = spec.partition("=")
         key = _key(name.strip())
         base = _get(cfg, key)
         if isinstance(base, bool) or not isinstance(base, (int, float)):
             raise ValueError(f"--sweep {key}: only numeric keys can be swept (it is {base!r})")
+        _read_by_policy(cfg, key)
         if not sep:
-            grid[key] = around(base, float_steps, int_steps)
+            grid[key] = _around_key(cfg, key, float_steps, int_steps)
             continue
         try:
             kind = int if isinstance(base, int) else float

@@ -30,10 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vertumnus.config import VertumnusConfig
+from vertumnus.cost_model import CostModel
 from vertumnus.engines.sim.cache import BlockCache
 from vertumnus.engines.sim.worker import SimStats, SimWorker, reused_tokens
 from vertumnus.interfaces import EngineEvents, PrefillJob
-from vertumnus.cost_model import CostModel
 from vertumnus.sim.events import EventKind, EventLoop
 from vertumnus.types import (
     CacheOp,
@@ -70,9 +70,8 @@ class SimDataPlane:
         self.block_tokens = cfg.cache.block_tokens
         self.per_rank_blocks = cfg.pool.kv_capacity_blocks_per_rank
         self.retain = cfg.cache.retention()  # the cache manager's eviction order (None: plain LRU)
-        # the engine's switch; the controller's switch_s is only its prior (controller.switch_from_observed)
-        sw = cfg.pool.sim_switch_s
-        self.switch_s = cfg.controller.switch_s if sw is None else sw
+        # the engine's switch; the controller's controller.predictive.switch_s is only its prior
+        self.switch_s = cfg.pool.sim_switch_s
         self.workers: dict[int, SimWorker] = {}
         self.stats = SimStats()
         self._events: EngineEvents | None = None
@@ -236,7 +235,7 @@ class SimDataPlane:
         self.events.worker_parked(w.group.worker_id, self.loop.now)
 
     def activate(self, plan: ReconfigPlan) -> None:
-        """Regroup parked ranks after the switch (``pool.sim_switch_s``, else ``controller.switch_s``); each target
+        """Regroup parked ranks after the switch (``pool.sim_switch_s``); each target
         rank then acks ``plan.epoch``."""
         for g in plan.sources:
             w = self.workers[g.worker_id]
