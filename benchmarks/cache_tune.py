@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, replace
 from typing import Any
 
-from vertumnus.sim.cache_eval import (
+from vertumnus.eval.cache_eval import (
     METRICS,
     CacheEvalResult,
     CacheTask,
@@ -26,7 +26,7 @@ from vertumnus.sim.cache_eval import (
     run_config,
     verdicts,
 )
-from vertumnus.sim.cache_report import CONFIG, TUNING_SET
+from vertumnus.eval.cache_report import CONFIG, TUNING_SET
 from vertumnus.sim.runner import run_policy
 
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 from vertumnus.config import parse_composition
-from vertumnus.sim.evaluate import _context, _workload, by_workload, fixed_tasks, merge_replicates, plan, run_tasks
+from vertumnus.eval.evaluate import _context, _workload, by_workload, fixed_tasks, merge_replicates, plan, run_tasks
 from vertumnus.sim.prescient import PrescientSteer
 from vertumnus.sim.runner import Simulation
 

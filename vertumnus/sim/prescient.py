@@ -1,6 +1,6 @@
 """The prescient start: the start composition moved to a known target at once, then held.
 
-A reference for the out-of-sample protocol (:mod:`vertumnus.sim.evaluate`), not a policy. A controller that
+A reference for the out-of-sample protocol (:mod:`vertumnus.eval.evaluate`), not a policy. A controller that
 starts on the wrong composition and *converges* to the best fixed one pays the way there: the sources drain,
 their GPUs sit idle through the switch, their caches are reconciled away, and at a load near capacity the backlog
 built meanwhile lasts long after. The prescient start knows at t = 0 which composition will be best over the

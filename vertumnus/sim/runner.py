@@ -21,13 +21,13 @@ from vertumnus.config import VertumnusConfig, format_composition
 from vertumnus.controller.controller import PendingDecision
 from vertumnus.controller.initial import History, summarize_history
 from vertumnus.controller.predictive import Decision
-from vertumnus.engines.sim import SimDataPlane, SimStats
-from vertumnus.pool import PrefillPool
 from vertumnus.cost_model import CostModel
+from vertumnus.engines.sim import SimDataPlane, SimStats
+from vertumnus.engines.sim.events import EventKind, EventLoop
+from vertumnus.pool import PrefillPool
 from vertumnus.scheduler.scheduler import RequestRejected
 from vertumnus.sim.baselines import SGLangCacheAwarePolicy
 from vertumnus.sim.clairvoyant import ClairvoyantForecast
-from vertumnus.sim.events import EventKind, EventLoop
 from vertumnus.sim.lower_bound import lower_bound
 from vertumnus.sim.metrics import Collector, ReconfigRecord, summarize
 from vertumnus.sim.policies import LOWER_BOUND, configure

@@ -14,10 +14,10 @@ import yaml
 
 from vertumnus.cli.main import main
 from vertumnus.config import parse_composition
-from vertumnus.sim.eval_report import HEAD, markdown_phases, markdown_summary, row, verdict_line, workload_heading
-from vertumnus.sim.eval_results import default_sweep_keys
-from vertumnus.sim.eval_set import load_eval_set
-from vertumnus.sim.evaluate import (
+from vertumnus.eval.eval_report import HEAD, markdown_phases, markdown_summary, row, verdict_line, workload_heading
+from vertumnus.eval.eval_results import default_sweep_keys
+from vertumnus.eval.eval_set import load_eval_set
+from vertumnus.eval.evaluate import (
     STATIC,
     EvalResult,
     RunDigest,
@@ -27,11 +27,11 @@ from vertumnus.sim.evaluate import (
     evaluate,
     mean_digest,
 )
+from vertumnus.eval.phase_stats import phase_summaries
+from vertumnus.eval.sensitivity import parse_sweep
 from vertumnus.sim.inputs import load_cost, load_sim_config
-from vertumnus.sim.phase_stats import phase_summaries
 from vertumnus.sim.prescient import PrescientSteer
 from vertumnus.sim.runner import Simulation, run_policy
-from vertumnus.sim.sensitivity import parse_sweep
 
 EXCERPT = Path(__file__).resolve().parents[1] / "data" / "conversation_excerpt.jsonl"
 CONFIG = "configs/sim-40gpu.yaml"
@@ -257,7 +257,7 @@ def test_cli_evaluate_and_sweep_on_a_tiny_set(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_results_section_renders_every_profile_and_skips_missing_ones(tmp_path: Path) -> None:
-    from vertumnus.sim.eval_results import results_section
+    from vertumnus.eval.eval_results import results_section
 
     set_path = str(_tiny_set(tmp_path))
     md = results_section(
@@ -285,7 +285,7 @@ def test_results_section_renders_every_profile_and_skips_missing_ones(tmp_path: 
     assert all(r[1] in ("0/1", "1/1") and r[-1] == "0 |" for r in rows)  # one workload, nothing lost
     assert rows[0][2] == next(line for line in md.splitlines() if line.startswith("| **vertumnus** |")).split(" | ")[1]
     # Marked, so `make results-oos` rewrites just this section and keeps the rest of docs/results.md.
-    from vertumnus.sim.report import splice
+    from vertumnus.eval.report import splice
 
     assert md.startswith("<!-- section:out-of-sample -->") and "<!-- /section:out-of-sample -->" in md
     assert "Measured: " in md

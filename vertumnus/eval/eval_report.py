@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vertumnus.sim.evaluate import MEAN_VS_BEST, MEAN_VS_START, EvalResult, WorkloadResult
-from vertumnus.sim.fixed_pick import Standing, TuningPick, result_standings, standings_json, stream_ratios_to
+from vertumnus.eval.evaluate import MEAN_VS_BEST, MEAN_VS_START, EvalResult, WorkloadResult
+from vertumnus.eval.fixed_pick import Standing, TuningPick, result_standings, standings_json, stream_ratios_to
 
 FLAG_TITLES = {
     "mean<=best": f"mean ≤ {MEAN_VS_BEST:.2f}× best",
@@ -120,7 +120,7 @@ def markdown_fixed(res: EvalResult) -> str:
 
 
 def markdown_standings(res: EvalResult, tuned: TuningPick | None = None) -> str:
-    """The policy and every fixed composition across the workloads (:mod:`vertumnus.sim.fixed_pick`), and — with
+    """The policy and every fixed composition across the workloads (:mod:`vertumnus.eval.fixed_pick`), and — with
     ``tuned`` — the policy against the fixed composition a search on the tuning set picks."""
     rows = result_standings(res)
     lines = ["| across the workloads | geomean ÷ best fixed | worst ÷ best fixed (workload) | at or below best fixed |",
@@ -149,7 +149,7 @@ def _pick_text(res: EvalResult, rows: Sequence[Standing], tuned: TuningPick) -> 
 
 def tuned_text(policy: Standing, fixed: Standing, tuned: TuningPick, per_stream: Sequence[float] = ()) -> str:
     """The policy against the tuning set's fixed pick, on this (test) set; ``per_stream``: the policy's mean TTFT
-    ÷ the pick's per request stream (:func:`~vertumnus.sim.fixed_pick.stream_ratios_to`), shown from two on."""
+    ÷ the pick's per request stream (:func:`~vertumnus.eval.fixed_pick.stream_ratios_to`), shown from two on."""
     c = tuned.chosen
     if policy.beats(fixed):
         verdict = "lower on both: adaptivity pays against it here"
@@ -325,7 +325,7 @@ def columns_text(policy: str) -> str:
 
 
 def sensitivity_table(points: Sequence[dict[str, Any]]) -> str:
-    """Markdown table of a sweep's points (see :mod:`vertumnus.sim.sensitivity`)."""
+    """Markdown table of a sweep's points (see :mod:`vertumnus.eval.sensitivity`)."""
     lines = ["| key | value | geomean ÷best | geomean ÷start | workloads done |", "|---|---:|---:|---:|---:|"]
     for p in points:
         mark = " (config)" if p.get("is_base") else ""

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vertumnus.sim.eval_report import tuned_text
-from vertumnus.sim.eval_set import load_eval_set
-from vertumnus.sim.evaluate import STATIC, EvalResult, RunDigest, WorkloadResult, all_compositions, derive, mean_digest
-from vertumnus.sim.fixed_pick import Standing, TuningPick, pick, standings, stream_ratios_to, tuning_pick
+from vertumnus.eval.eval_report import tuned_text
+from vertumnus.eval.eval_set import load_eval_set
+from vertumnus.eval.evaluate import STATIC, EvalResult, RunDigest, WorkloadResult, all_compositions, derive, mean_digest
+from vertumnus.eval.fixed_pick import Standing, TuningPick, pick, standings, stream_ratios_to, tuning_pick
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.runner import run_policy
 

@@ -41,12 +41,12 @@ from typing import Any
 from vertumnus.config import VertumnusConfig, format_composition, parse_composition
 from vertumnus.controller.lattice import Lattice
 from vertumnus.cost_model import CostModel
-from vertumnus.sim.eval_set import EvalSet, load_eval_set
+from vertumnus.eval.eval_set import EvalSet, load_eval_set
+from vertumnus.eval.phase_stats import phase_summaries
+from vertumnus.eval.protocol import Generated, mean_of_runs
 from vertumnus.sim.inputs import load_cost, load_sim_config
-from vertumnus.sim.phase_stats import phase_summaries
 from vertumnus.sim.policies import check_policy, normalise_composition
 from vertumnus.sim.prescient import PrescientSteer
-from vertumnus.sim.protocol import Generated, mean_of_runs
 from vertumnus.sim.runner import run_policy
 from vertumnus.types import Request
 

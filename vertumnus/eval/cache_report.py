@@ -1,6 +1,6 @@
 """Markdown of the cache-manager ablation on the hot-prefix test set (a section of docs/results.md).
 
-Every figure is computed from :func:`vertumnus.sim.cache_eval.evaluate_cache` runs; nothing is typed in by hand.
+Every figure is computed from :func:`vertumnus.eval.cache_eval.evaluate_cache` runs; nothing is typed in by hand.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from vertumnus.sim.cache_eval import (
+from vertumnus.eval.cache_eval import (
     MODES,
     P90_GAIN,
     P90_SLACK,
@@ -23,7 +23,7 @@ from vertumnus.sim.inputs import load_sim_config
 TEST_SET = "configs/eval/cache-test.yaml"
 TUNING_SET = "configs/eval/cache-tuning.yaml"
 CONFIG = "configs/sim-40gpu.yaml"
-SECTION = "cache-ablation"  # marker name: `python -m vertumnus.sim.report --only cache-ablation` rewrites it
+SECTION = "cache-ablation"  # marker name: `python -m vertumnus.eval.report --only cache-ablation` rewrites it
 
 
 def _pct(x: float | None) -> str:
@@ -127,7 +127,7 @@ def render(res: CacheEvalResult, es: CacheEvalSet, tuning: CacheEvalSet | None, 
         "",
         f"KV capacity per GPU = (GPU memory × {m.utilisation:g} − {m.weights_gb:g} GB of weights) ÷ "
         f"{res.bytes_per_block / 1e6:.1f} MB per 512-token block (Qwen3-30B-A3B, bf16): {caps} blocks. "
-        "Loads are relative to the pool's capacity with the hot prefixes priced in (vertumnus/sim/protocol.py).",
+        "Loads are relative to the pool's capacity with the hot prefixes priced in (vertumnus/eval/protocol.py).",
         "",
         f"Verdict (the issue's): ΔP90 ≤ −{100 * P90_GAIN:.0f}% against `norepl` at the highest load where `norepl` "
         f"meets the SLO target ({res.slo_target:g} token-weighted), ΔP90 ≤ +{100 * P90_SLACK:.0f}% at every load, "
@@ -161,7 +161,7 @@ def cache_section(jobs: int, log: Callable[[str], None], load_text: Callable[[],
     """Run the test set and render the section."""
     import time
 
-    from vertumnus.sim.cache_eval import evaluate_cache
+    from vertumnus.eval.cache_eval import evaluate_cache
     from vertumnus.sim.inputs import resolve
 
     es = load_cache_set(TEST_SET)

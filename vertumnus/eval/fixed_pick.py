@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from vertumnus.sim.evaluate import (
+from vertumnus.eval.evaluate import (
     EvalResult,
     Task,
     fixed_tasks,

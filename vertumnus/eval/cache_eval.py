@@ -1,9 +1,9 @@
 """The cache-manager ablation on hot-prefix workloads under KV pressure (``configs/eval/cache-*.yaml``).
 
-Each workload is a steady stream resampled from the public traces (:mod:`vertumnus.sim.protocol`) with shared hot
+Each workload is a steady stream resampled from the public traces (:mod:`vertumnus.eval.protocol`) with shared hot
 prefixes prepended (system / tool prompts, Zipf popularity; multi-turn sessions keep theirs), run at several loads
 and several per-GPU KV capacities — each capacity computed from a GPU's memory, the model's weights and its KV size
-(:mod:`vertumnus.sim.kv_capacity`). Every point runs the pool without replication (``norepl``) and with each
+(:mod:`vertumnus.eval.kv_capacity`). Every point runs the pool without replication (``norepl``) and with each
 replication policy (``rules``: the paper's thresholds; ``queue_aware``: :mod:`vertumnus.cache.hot_copy` and
 retention; ``copies_only`` / ``retention_only``: queue_aware's two parts apart, see :data:`PARTS`), at the
 set's fixed composition with the controller off, and again with the controller on (started from that
@@ -33,11 +33,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vertumnus.config import VertumnusConfig
 from vertumnus.cost_model import CostModel
-from vertumnus.sim.eval_set import load_set
-from vertumnus.sim.inputs import load_cost, load_sim_config, resolve
-from vertumnus.sim.kv_capacity import kv_blocks_per_gpu
-from vertumnus.sim.policies import normalise_composition
-from vertumnus.sim.protocol import (
+from vertumnus.eval.eval_set import load_set
+from vertumnus.eval.kv_capacity import kv_blocks_per_gpu
+from vertumnus.eval.protocol import (
     Generated,
     HotPrefixes,
     LoadPhase,
@@ -46,6 +44,8 @@ from vertumnus.sim.protocol import (
     mean_of_runs,
     replicate_seed,
 )
+from vertumnus.sim.inputs import load_cost, load_sim_config, resolve
+from vertumnus.sim.policies import normalise_composition
 from vertumnus.sim.runner import run_policy
 
 POLICIES = ("norepl", "rules", "queue_aware", "copies_only", "retention_only")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vertumnus.config import ControllerConfig, VertumnusConfig
-from vertumnus.sim.evaluate import (
+from vertumnus.eval.evaluate import (
     EvalResult,
     Overrides,
     Task,

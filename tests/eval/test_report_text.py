@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from vertumnus.sim.report_text import _limits, _profile_notice
+from vertumnus.eval.report_text import _limits, _profile_notice
 
 
 def _rep(source: str) -> SimpleNamespace:

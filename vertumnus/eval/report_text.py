@@ -1,4 +1,4 @@
-"""Markdown and figures of the evaluation report (data come from :mod:`vertumnus.sim.report`)."""
+"""Markdown and figures of the evaluation report (data come from :mod:`vertumnus.eval.report`)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vertumnus.eval.phase_stats import lower_bound_violations, phase_summaries, phase_verdicts
 from vertumnus.sim.output import markdown_table, plot_runs
-from vertumnus.sim.phase_stats import lower_bound_violations, phase_summaries, phase_verdicts
 from vertumnus.sim.plots import PlotRun, hit_rate_timeline, rate_lines, ttft_cdf, ttft_timeline
 from vertumnus.sim.policies import BASELINES, LOWER_BOUND
 
 if TYPE_CHECKING:
     from vertumnus.config import CacheConfig, ControllerConfig
-    from vertumnus.sim.report import RateExperiment, Report
+    from vertumnus.eval.report import RateExperiment, Report
     from vertumnus.sim.runner import RunResult
 
 BASELINE_COMPOSITION = "6xCP4+2xCP8"  # baselines' fixed mix: length-threshold needs a large degree to use
