@@ -9,12 +9,12 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from vertumnus.bench_control_plane import load_trace_requests, measure_replay
+from vertumnus.bench.control_plane import load_trace_requests, measure_replay
 from vertumnus.cli.main import app
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
+from vertumnus.cost_model import CostModel
 from vertumnus.instant_plane import EventHeap, InstantPlane
 from vertumnus.pool import PrefillPool
-from vertumnus.cost_model import CostModel
 from vertumnus.types import Placement, PrefillResult, ReconfigKind, ReconfigPlan, Request
 
 COST = CostModel.from_file(REPO_ROOT / DEFAULT_PROFILE)

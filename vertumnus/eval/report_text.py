@@ -258,7 +258,7 @@ def _ablation(rep: Report) -> tuple[str, list[tuple[str, float, float, float]]]:
             "sends to an idle worker without a fetch recomputes the prefix there. The queue bound and the "
             "shortest prefix worth a fetch or copy (hot_min_blocks) and retention were chosen on the cache "
             "ablation's tuning set "
-            "(configs/eval/cache-tuning.yaml, whose header records the search by benchmarks/cache_tune.py; the "
+            "(configs/eval/cache-tuning.yaml, whose header records the search by vertumnus/bench/cache_tune.py; the "
             "hot-prefix test set is the section below); the config's comment records the search that chose its "
             "scan thresholds under `rules` (in-sample)."
         )

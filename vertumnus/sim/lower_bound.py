@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vertumnus.engines.sim.worker import reused_tokens
 from vertumnus.cost_model import CostModel
+from vertumnus.engines.sim.worker import reused_tokens
 from vertumnus.sim.metrics import RequestRecord
 from vertumnus.types import Request
 

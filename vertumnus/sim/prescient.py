@@ -33,7 +33,7 @@ class PrescientSteer:
 
     Called by the simulation after every event (:class:`~vertumnus.sim.runner.Simulation` ``steer``, which also
     runs an event at ``at_s``) until :attr:`done`; no operation begins before ``at_s`` (0: as soon as the workers
-    are up; later: the route a controller deciding then would take, ``benchmarks/route_floor.py``).
+    are up; later: the route a controller deciding then would take).
     :attr:`began` counts the operations it started."""
 
     target: dict[int, int]

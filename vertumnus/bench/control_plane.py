@@ -7,7 +7,7 @@
 - ``replay``: a Mooncake trace through the whole control plane (submit, completions, cache reports, windows,
   scans, reconfigurations) on 40 GPUs of CP4 / CP8 over :class:`~vertumnus.instant_plane.InstantPlane`,
   one thread; requests per wall-clock second of the event loop (trace loading excluded).
-- ``scan_ms`` / ``bytes_per_trie_node``: the cache manager's own measurements (:mod:`vertumnus.cache.bench`).
+- ``scan_ms`` / ``bytes_per_trie_node``: the cache manager's own measurements (:mod:`vertumnus.bench.trie`).
 
 Figures depend on the machine; the CLI prints them, tests never assert on them.
 """
@@ -26,9 +26,9 @@ import numpy as np
 from vertumnus.cache.block_keys import keys_from_hash_ids
 from vertumnus.config import REPO_ROOT, VertumnusConfig, config_from_dict, format_composition
 from vertumnus.controller.initial import TRACE_BLOCK_TOKENS, read_trace_lengths
+from vertumnus.cost_model import CostModel
 from vertumnus.instant_plane import EventHeap, InstantPlane
 from vertumnus.pool import PrefillPool
-from vertumnus.cost_model import CostModel
 from vertumnus.types import CacheReport, CacheReportKind, PrefillResult, Request
 
 DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "conversation_first15min.jsonl"

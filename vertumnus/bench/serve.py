@@ -137,7 +137,7 @@ def run_bench(config: Path, requests: int, concurrency: int, words: int) -> Benc
     cfg_path = Path(tempfile.mkdtemp(prefix="vertumnus-bench-")) / "bench.json"
     cfg_path.write_text(cfg.model_dump_json())
     code = (
-        f"import json,sys;from vertumnus.config import config_from_dict as c;from vertumnus.serving.bench import "
+        f"import json,sys;from vertumnus.config import config_from_dict as c;from vertumnus.bench.serve import "
         f"serve_instant as s;s(c(json.load(open(sys.argv[1]))),{port})"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(cfg_path)])

@@ -4,7 +4,7 @@ Runs ``norepl`` once per point and ``queue_aware`` once per value of one ``cache
 the issue's verdict per (workload, KV size, mode): ΔP90 at the highest load where ``norepl`` meets the SLO, the
 worst ΔP90 over all loads, and the pass count. Example::
 
-    .venv/bin/python benchmarks/cache_tune.py --key cache.copy_gain_s --values 0.02,0.05,0.1 --jobs 2
+    .venv/bin/python -m vertumnus.bench.cache_tune --key cache.copy_gain_s --values 0.02,0.05,0.1 --jobs 2
 """
 
 from __future__ import annotations
