@@ -14,22 +14,17 @@ import yaml
 
 from vertumnus.cli.main import main
 from vertumnus.config import parse_composition
+from vertumnus.eval.digest import RunDigest, mean_digest
 from vertumnus.eval.eval_report import HEAD, markdown_phases, markdown_summary, row, verdict_line, workload_heading
 from vertumnus.eval.eval_results import default_sweep_keys
 from vertumnus.eval.eval_set import load_eval_set
-from vertumnus.eval.evaluate import (
-    STATIC,
-    EvalResult,
-    RunDigest,
-    WorkloadResult,
-    all_compositions,
-    derive,
-    evaluate,
-    mean_digest,
-)
+from vertumnus.eval.evaluate import evaluate
 from vertumnus.eval.phase_stats import phase_summaries
 from vertumnus.eval.sensitivity import parse_sweep
+from vertumnus.eval.tasks import STATIC
+from vertumnus.eval.verdict import EvalResult, WorkloadResult, derive
 from vertumnus.sim.inputs import load_cost, load_sim_config
+from vertumnus.sim.policies import all_compositions
 from vertumnus.sim.prescient import PrescientSteer
 from vertumnus.sim.runner import Simulation, run_policy
 

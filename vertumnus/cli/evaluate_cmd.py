@@ -48,7 +48,8 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     ) -> None:
         """Run the policy and vertumnus-static on every composition; print verdicts, write JSON + markdown."""
         from vertumnus.eval.eval_report import print_table, sensitivity_table, write_outputs
-        from vertumnus.eval.evaluate import Task, evaluate, plan
+        from vertumnus.eval.evaluate import evaluate
+        from vertumnus.eval.tasks import Task, plan
 
         output_dir(out)
         t0 = time.perf_counter()

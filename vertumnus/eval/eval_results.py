@@ -29,10 +29,12 @@ from vertumnus.eval.eval_report import (
     workload_facts,
 )
 from vertumnus.eval.eval_set import EvalSet, load_eval_set
-from vertumnus.eval.evaluate import EvalResult, evaluate, evaluate_against, plan
+from vertumnus.eval.evaluate import evaluate, evaluate_against
 from vertumnus.eval.fixed_pick import TuningPick, tuning_pick
 from vertumnus.eval.protocol import __doc__ as PROTOCOL_DOC
 from vertumnus.eval.sensitivity import parse_sweep, plot_sweep, sweep
+from vertumnus.eval.tasks import plan
+from vertumnus.eval.verdict import EvalResult
 from vertumnus.sim.inputs import resolve
 
 # Marker name of this section in docs/results.md: ``python -m vertumnus.eval.report --only out-of-sample`` reruns it

@@ -31,8 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vertumnus.config import VertumnusConfig, format_composition
-from vertumnus.controller.lattice import Lattice
+from vertumnus.config import VertumnusConfig
 from vertumnus.cost_model import CostModel
 from vertumnus.eval.cache_report import SECTION as CACHE_SECTION
 from vertumnus.eval.cache_report import cache_section
@@ -41,7 +40,7 @@ from vertumnus.eval.eval_results import results_section
 from vertumnus.eval.report_profiles import SECOND_CONFIG, ProfileRuns, render_section
 from vertumnus.eval.report_text import BASELINE_COMPOSITION, STATIC_FIXED, render
 from vertumnus.sim.inputs import Workload, load_cost, load_sim_config, load_workload_requests, resolve
-from vertumnus.sim.policies import BASELINES, LOWER_BOUND
+from vertumnus.sim.policies import BASELINES, LOWER_BOUND, all_compositions
 from vertumnus.sim.runner import RunResult, run_policy
 
 TRACES = {
@@ -125,12 +124,6 @@ def run_rates(
             f"{sum(r.summary['sim_wall_s'] for r in exp.results.values()):.1f} s")  # fmt: skip
         out.append(exp)
     return out
-
-
-def all_compositions(cfg: VertumnusConfig) -> list[str]:
-    """Every composition of the pool's lattice, most small-degree workers first."""
-    lat = Lattice(cfg.pool.nodes, cfg.pool.gpus_per_node, cfg.pool.degrees)
-    return [format_composition(lat.as_dict(c)) for c in sorted(lat.reachable(), reverse=True)]
 
 
 def run_phases(cfg: VertumnusConfig, cost: CostModel, spec: str) -> PhaseExperiment:

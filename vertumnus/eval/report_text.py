@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vertumnus.eval.fmt import num3, share
 from vertumnus.eval.phase_stats import lower_bound_violations, phase_summaries, phase_verdicts
 from vertumnus.sim.output import markdown_table, plot_runs
 from vertumnus.sim.plots import PlotRun, hit_rate_timeline, rate_lines, ttft_cdf, ttft_timeline
@@ -18,14 +19,6 @@ if TYPE_CHECKING:
 
 BASELINE_COMPOSITION = "6xCP4+2xCP8"  # baselines' fixed mix: length-threshold needs a large degree to use
 STATIC_FIXED = f"vertumnus-static {BASELINE_COMPOSITION}"
-
-
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{x:.1%}"
-
-
-def _s(x: float | None) -> str:
-    return "–" if x is None else f"{x:.3f}"
 
 
 def _img(path: Path, md_dir: Path, alt: str) -> str:
@@ -132,10 +125,10 @@ def _standing(rep: Report) -> str:
         cells = [e.trace, f"{e.rate:g}"]
         for key in ("mean_ttft_s", "p90_ttft_s"):
             name, best = min(others.items(), key=lambda kv: kv[1][key])
-            cells += [_s(v[key]), f"{_s(best[key])} ({name})", f"{v[key] / best[key]:.2f}"]
+            cells += [num3(v[key]), f"{num3(best[key])} ({name})", f"{v[key] / best[key]:.2f}"]
         key = "slo_attainment_token_weighted"
         name, best = max(others.items(), key=lambda kv: kv[1][key])
-        cells += [_pct(v[key]), f"{_pct(best[key])} ({name})"]
+        cells += [share(v[key]), f"{share(best[key])} ({name})"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -165,9 +158,9 @@ def _phase_section(rep: Report, img: Path, md_dir: Path) -> tuple[str, dict[str,
         cells = [f"{k + 1} ({lo:g}–{hi:g} s)", f"{p.rate_rps:g}", f"{p.long_share:.0%}"]
         best = verdicts[k].best_fixed
         for c in ph.fixed:
-            val = _s(fixed_sum[c][k]["mean_ttft_s"])
+            val = num3(fixed_sum[c][k]["mean_ttft_s"])
             cells.append(f"**{val}**" if c == best else val)
-        cells += [_s(v_sum[k]["mean_ttft_s"]), _s(norepl[k]["mean_ttft_s"]), _s(lb[k]["mean_ttft_s"])]
+        cells += [num3(v_sum[k]["mean_ttft_s"]), num3(norepl[k]["mean_ttft_s"]), num3(lb[k]["mean_ttft_s"])]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("\nBold: the best fixed composition of the phase.\n")
     lines.append("Whole run:\n")
@@ -179,8 +172,8 @@ def _phase_section(rep: Report, img: Path, md_dir: Path) -> tuple[str, dict[str,
     s = v.summary
     lines.append(
         f"Vertumnus started at {s['initial_composition']} and made {s['reconfigurations']} reconfigurations "
-        f"({s.get('splits', 0)} splits, {s.get('merges', 0)} merges; drain mean {_s(s.get('mean_drain_s'))} s, "
-        f"max {_s(s.get('max_drain_s'))} s; switch mean {_s(s.get('mean_switch_s'))} s); it ended at "
+        f"({s.get('splits', 0)} splits, {s.get('merges', 0)} merges; drain mean {num3(s.get('mean_drain_s'))} s, "
+        f"max {num3(s.get('max_drain_s'))} s; switch mean {num3(s.get('mean_switch_s'))} s); it ended at "
         f"{s['final_composition']}.\n"
     )
     pr = [PlotRun("vertumnus", v.arrays, v.composition)]
@@ -212,8 +205,8 @@ def _ablation(rep: Report) -> tuple[str, list[tuple[str, float, float, float]]]:
         p90 = (x["p90_ttft_s"] - y["p90_ttft_s"]) / y["p90_ttft_s"]
         mean = (x["mean_ttft_s"] - y["mean_ttft_s"]) / y["mean_ttft_s"]
         lines.append(
-            f"| {name} | {rate:g} | {comp} | {_s(x['p90_ttft_s'])} | {_s(y['p90_ttft_s'])} | {p90:+.1%} | "
-            f"{mean:+.1%} | {_pct(x['prefix_hit_rate_tokens'])} | {_pct(y['prefix_hit_rate_tokens'])} | "
+            f"| {name} | {rate:g} | {comp} | {num3(x['p90_ttft_s'])} | {num3(y['p90_ttft_s'])} | {p90:+.1%} | "
+            f"{mean:+.1%} | {share(x['prefix_hit_rate_tokens'])} | {share(y['prefix_hit_rate_tokens'])} | "
             f"{x['replications']} | {x['reclamations']} |"
         )
         top[name] = (name, rate, x["p90_ttft_s"], y["p90_ttft_s"])  # rows come in rising rate order

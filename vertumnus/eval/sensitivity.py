@@ -16,20 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from vertumnus.config import ControllerConfig, VertumnusConfig
-from vertumnus.eval.evaluate import (
-    EvalResult,
-    Overrides,
-    Task,
-    apply_overrides,
-    assemble,
-    fixed_tasks,
-    merge_replicates,
-    plan,
-    policy_tasks,
-    run_clairvoyant,
-    run_prescient,
-    run_tasks,
-)
+from vertumnus.eval.evaluate import assemble, run_clairvoyant, run_prescient
+from vertumnus.eval.tasks import Task, apply_overrides, fixed_tasks, merge_replicates, plan, policy_tasks, run_tasks
+from vertumnus.eval.verdict import EvalResult, Overrides
 
 # Not thresholds of the decision: the long-request class defines the workload, switch_s is simulated hardware
 # time, headroom only picks the initial composition (the evaluation states the start composition).
