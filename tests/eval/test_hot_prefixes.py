@@ -11,11 +11,11 @@ import pytest
 
 from vertumnus.eval.cache_eval import load_cache_set
 from vertumnus.eval.kv_capacity import kv_blocks_per_gpu
+from vertumnus.eval.load_patterns import LoadPhase
 from vertumnus.eval.protocol import (
     HOT_ID_BASE,
     TRACE_NAMESPACE_BITS,
     HotPrefixes,
-    LoadPhase,
     generate,
     generate_records,
     hot_work,

@@ -10,11 +10,10 @@ import pytest
 
 from vertumnus.config import REPO_ROOT
 from vertumnus.eval.eval_set import load_eval_set
+from vertumnus.eval.load_patterns import LoadPhase, build_phases
 from vertumnus.eval.protocol import (
     FRESH_ID_BASE,
     TRACE_NAMESPACE_BITS,
-    LoadPhase,
-    build_phases,
     generate,
     generate_records,
     make_pool,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vertumnus.eval.report_caveats import limits, profile_notice
 from vertumnus.eval.report_profiles import ProfileRuns, curves_section, fastest_degree_ranges, render_section
-from vertumnus.eval.report_text import _limits, _profile_notice
 from vertumnus.sim.inputs import load_cost, load_sim_config
 
 
@@ -51,7 +51,7 @@ def test_a_report_under_the_modelled_profile_says_so() -> None:
     aic = _runs()[1]
     from vertumnus.eval.report import Report
 
-    notice = _profile_notice(Report(aic.cfg, aic.cost, [], None, [], {}))
+    notice = profile_notice(Report(aic.cfg, aic.cost, [], None, [], {}))
     assert notice.startswith("> **The cost profile is modelled, not measured or calibrated.**")
     assert "measured prefill times" not in notice
-    assert _limits("modelled").startswith("- The cost profile is modelled (predicted kernel times, not measured)")
+    assert limits("modelled").startswith("- The cost profile is modelled (predicted kernel times, not measured)")

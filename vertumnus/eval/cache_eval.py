@@ -35,11 +35,11 @@ from vertumnus.cost_model import CostModel
 from vertumnus.eval.eval_set import load_set
 from vertumnus.eval.fmt import rel_change
 from vertumnus.eval.kv_capacity import kv_blocks_per_gpu
+from vertumnus.eval.load_patterns import LoadPhase
 from vertumnus.eval.parallel import run_parallel
 from vertumnus.eval.protocol import (
     Generated,
     HotPrefixes,
-    LoadPhase,
     generate,
     load_pool,
     mean_of_runs,

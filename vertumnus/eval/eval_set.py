@@ -33,7 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from vertumnus.config import VertumnusConfig
 from vertumnus.cost_model import CostModel
-from vertumnus.eval.protocol import Generated, HotPrefixes, LoadPhase, build_phases, generate, load_pool, replicate_seed
+from vertumnus.eval.load_patterns import LoadPhase, build_phases
+from vertumnus.eval.protocol import Generated, HotPrefixes, generate, load_pool, replicate_seed
 from vertumnus.sim.inputs import resolve
 
 _M = TypeVar("_M", bound=BaseModel)
