@@ -5,7 +5,7 @@
   128K-token (256-block) prompt whose first half is a cached document — trie match, placement cost over all
   workers, reservation, access / missed statistics, reconcile check, pin — then completes it (untimed).
 - ``replay``: a Mooncake trace through the whole control plane (submit, completions, cache reports, windows,
-  scans, reconfigurations) on 40 GPUs of CP4 / CP8 over :class:`~vertumnus.instant_plane.InstantPlane`,
+  scans, reconfigurations) on 40 GPUs of CP4 / CP8 over :class:`~vertumnus.engines.sim.instant.InstantDataPlane`,
   one thread; requests per wall-clock second of the event loop (trace loading excluded).
 - ``scan_ms`` / ``bytes_per_trie_node``: the cache manager's own measurements (:mod:`vertumnus.bench.trie`).
 
@@ -27,7 +27,9 @@ from vertumnus.cache.block_keys import keys_from_hash_ids
 from vertumnus.config import REPO_ROOT, VertumnusConfig, config_from_dict, format_composition
 from vertumnus.controller.initial import TRACE_BLOCK_TOKENS, read_trace_lengths
 from vertumnus.cost_model import CostModel
-from vertumnus.instant_plane import EventHeap, InstantPlane
+from vertumnus.engines.sim.events import EventKind, EventLoop
+from vertumnus.engines.sim.instant import InstantDataPlane, on_event_loop
+from vertumnus.interfaces import PrefillJob
 from vertumnus.pool import PrefillPool
 from vertumnus.types import CacheReport, CacheReportKind, PrefillResult, Request
 
@@ -155,6 +157,11 @@ def load_trace_requests(path: str | Path) -> list[Request]:
     return [Request(f"t{i}", float(ts[i]) - t0, int(lens[i]), keys[i]) for i in range(len(lens))]
 
 
+def _predicted_s(job: PrefillJob) -> float:
+    """A replayed prefill takes exactly what the scheduler predicted for it."""
+    return job.placement.predicted_s
+
+
 def measure_replay(
     cost: CostModel, trace: str | Path = DEFAULT_TRACE, switch_s: float = 0.8, cfg: VertumnusConfig | None = None
 ) -> ReplayFigures:
@@ -167,8 +174,9 @@ def measure_replay(
     if cfg is None:
         cfg = _bench_config(5, None, controller=True)
         cfg.controller.history_trace = str(p)
-    heap = EventHeap()
-    plane = InstantPlane(heap, switch_s)
+    heap = EventLoop()
+    plane = InstantDataPlane(heap.clock, cfg.pool.gpus_per_node, schedule=on_event_loop(heap),
+                             prefill_s=_predicted_s, switch_s=switch_s)  # fmt: skip
     pool = PrefillPool(cfg, cost, plane, heap.clock)
     pool.start()
     start_comp = format_composition(pool.lattice.composition())
@@ -189,7 +197,7 @@ def measure_replay(
         pool.submit(req)
         nxt = next(arrivals, None)
         if nxt is not None:
-            heap.push(nxt.arrival_s, 2, arrive, nxt)
+            heap.push(nxt.arrival_s, EventKind.ARRIVAL, arrive, nxt)
 
     timer_at = [float("inf")]
 
@@ -198,7 +206,7 @@ def measure_replay(
         timer_at[0] = float("inf")
 
     first = next(arrivals)
-    heap.push(first.arrival_s, 2, arrive, first)
+    heap.push(first.arrival_s, EventKind.ARRIVAL, arrive, first)
     horizon = requests[-1].arrival_s + 3600.0  # guard: never spin on timers for requests that cannot finish
     gc.collect()
     c0 = time.process_time()
@@ -207,9 +215,9 @@ def measure_replay(
         nt = pool.next_timer()
         pending = len(requests) - plane.completed
         if nt < timer_at[0] and pending > 0 and nt < horizon:
-            timer_at[0] = nt
-            heap.push(nt, 1, timer)
-        if not heap.pop():
+            timer_at[0] = nt = max(nt, heap.now)
+            heap.push(nt, EventKind.TIMER, timer)
+        if not heap.step():
             break
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
