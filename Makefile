@@ -53,7 +53,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 results: setup
-	$(BIN)/python -m vertumnus.sim.report --out docs/results.md --jobs $(or $(JOBS),1)
+	$(BIN)/python -m vertumnus.eval.report --out docs/results.md --jobs $(or $(JOBS),1)
 
 # Out-of-sample test set (issue 16): Vertumnus against every fixed composition; JOBS=N runs N simulations at once.
 evaluate: setup
@@ -61,11 +61,11 @@ evaluate: setup
 
 # Cache-manager ablation on the hot-prefix test set only (issue 17): rewrites its section of docs/results.md.
 cache-ablation: setup
-	$(BIN)/python -m vertumnus.sim.report --out docs/results.md --only cache-ablation --jobs $(or $(JOBS),1)
+	$(BIN)/python -m vertumnus.eval.report --out docs/results.md --only cache-ablation --jobs $(or $(JOBS),1)
 
 # Out-of-sample test set under both profiles only (issue 16): rewrites its section of docs/results.md.
 results-oos: setup
-	$(BIN)/python -m vertumnus.sim.report --out docs/results.md --only out-of-sample --jobs $(or $(JOBS),1)
+	$(BIN)/python -m vertumnus.eval.report --out docs/results.md --only out-of-sample --jobs $(or $(JOBS),1)
 
 bench: setup
 	$(BIN)/vertumnus bench control-plane

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def benchmark_script() -> Callable[[str], ModuleType]:
-    """Load a script of benchmarks/ by name (``"route_floor"``) as a module: the scripts are not a package."""
+    """Load a script of benchmarks/ by name (``"gpu_check"``) as a module: the scripts are not a package."""
 
     def load(name: str) -> ModuleType:
         spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")

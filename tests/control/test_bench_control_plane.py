@@ -9,11 +9,12 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from vertumnus.bench_control_plane import load_trace_requests, measure_replay
+from vertumnus.bench.control_plane import load_trace_requests, measure_replay
 from vertumnus.cli.main import app
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
 from vertumnus.cost_model import CostModel
-from vertumnus.instant_plane import EventHeap, InstantPlane
+from vertumnus.engines.sim.events import EventLoop
+from vertumnus.engines.sim.instant import InstantDataPlane, on_event_loop
 from vertumnus.pool import PrefillPool
 from vertumnus.types import Placement, PrefillResult, ReconfigKind, ReconfigPlan, Request
 
@@ -50,22 +51,23 @@ def test_instant_plane_keeps_every_request_across_a_split(tmp_path: Path) -> Non
     cfg = config_from_dict(
         {"pool": {"nodes": 1, "gpus_per_node": 8, "degrees": [4, 8]}, "controller": {"enabled": False}}
     )
-    heap = EventHeap()
-    plane = InstantPlane(heap, switch_s=0.5)
+    heap = EventLoop()
+    plane = InstantDataPlane(heap.clock, cfg.pool.gpus_per_node, schedule=on_event_loop(heap),
+                             prefill_s=lambda job: job.placement.predicted_s, switch_s=0.5)  # fmt: skip
     pool = PrefillPool(cfg, COST, plane, heap.clock)
     log = Log()
     pool.add_listener(log)
     pool.start()
-    while heap.pop():
+    while heap.step():
         pass
     assert pool.snapshot().workers[0].state == "ACTIVE"
     reqs = load_trace_requests(_trace(tmp_path / "t.jsonl", 12))
     for r in reqs:
         pool.submit(r)
-    heap.pop()  # worker 0 starts the first request
+    heap.step()  # worker 0 starts the first request
     plan = pool.reconfigure(ReconfigKind.SPLIT, 0)
     assert pool.snapshot().backlog == 11  # queued ones withdrawn; nothing schedulable while draining
-    while heap.pop():
+    while heap.step():
         pass
     assert sorted(log.done) == sorted(r.request_id for r in reqs) and len(log.done) == 12
     first_e = COST.predict(8, reqs[0].input_len, 0)

@@ -3,7 +3,7 @@ benchmark command, not asserted here)."""
 
 from __future__ import annotations
 
-from vertumnus.cache import bench
+from vertumnus.bench import trie as bench
 
 
 def test_synthetic_trie_has_the_announced_shape() -> None:

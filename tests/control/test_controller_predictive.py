@@ -377,7 +377,7 @@ def test_a_deferred_decision_acts_when_it_lands() -> None:
 def test_a_decision_that_lands_after_the_pool_changed_is_dropped() -> None:
     # While the 1-s check's decision is being computed (it lands at 1.4 s), an operator splits worker 0 at
     # 1.2 s: the decision was taken on 1xCP8 and is dropped as stale; the pool keeps the operator's split.
-    from vertumnus.sim.events import EventKind
+    from vertumnus.engines.sim.events import EventKind
 
     c = cfg(1, check_interval_s=1.0)
     times = [k / 12 for k in range(12 * 20)]

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from vertumnus.bench.cp import moe_vs_dense
 from vertumnus.cp.model import KVCache, ReferenceModel
 from vertumnus.cp.qwen3 import dense_equivalent, preset_config, write_preset
 from vertumnus.cp.weights import dims_from_hf_config, load_hf_weights
-from vertumnus.engines.torch.bench import moe_vs_dense
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen3-moe"])

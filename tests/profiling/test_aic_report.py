@@ -1,4 +1,4 @@
-"""docs/results.md section 7 (vertumnus.sim.report_profiles): the two shipped profiles' E_C curves compared.
+"""docs/results.md section 7 (vertumnus.eval.report_profiles): the two shipped profiles' E_C curves compared.
 
 Exact expectations from the two shipped profiles: under the calibrated one C=4 beats C=8 below ~10.6K tokens
 (a large degree does not pay for short requests); under the AIConfigurator one C=8 is fastest at every length.
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vertumnus.eval.report_caveats import limits, profile_notice
+from vertumnus.eval.report_profiles import ProfileRuns, curves_section, fastest_degree_ranges, render_section
 from vertumnus.sim.inputs import load_cost, load_sim_config
-from vertumnus.sim.report_profiles import ProfileRuns, curves_section, fastest_degree_ranges, render_section
-from vertumnus.sim.report_text import _limits, _profile_notice
 
 
 def _runs() -> list[ProfileRuns]:
@@ -49,9 +49,9 @@ def test_section_without_runs_still_names_both_profiles(tmp_path: Path) -> None:
 
 def test_a_report_under_the_modelled_profile_says_so() -> None:
     aic = _runs()[1]
-    from vertumnus.sim.report import Report
+    from vertumnus.eval.report import Report
 
-    notice = _profile_notice(Report(aic.cfg, aic.cost, [], None, [], {}))
+    notice = profile_notice(Report(aic.cfg, aic.cost, [], None, [], {}))
     assert notice.startswith("> **The cost profile is modelled, not measured or calibrated.**")
     assert "measured prefill times" not in notice
-    assert _limits("modelled").startswith("- The cost profile is modelled (predicted kernel times, not measured)")
+    assert limits("modelled").startswith("- The cost profile is modelled (predicted kernel times, not measured)")

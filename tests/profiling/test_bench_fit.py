@@ -9,8 +9,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from vertumnus.bench.profile_fit import PRESETS, FitBenchResult, run_fit_bench
 from vertumnus.cost_model import DegreeProfile
-from vertumnus.profiling.bench import PRESETS, FitBenchResult, run_fit_bench
 from vertumnus.profiling.fit import DegreeFit
 
 

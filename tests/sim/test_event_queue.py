@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vertumnus.sim.events import EventKind, EventLoop
+from vertumnus.engines.sim.events import EventKind, EventLoop
 
 
 def test_pops_by_time_then_kind_then_insertion() -> None:

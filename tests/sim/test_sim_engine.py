@@ -10,8 +10,8 @@ import pytest
 from vertumnus.config import config_from_dict
 from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.engines.sim import SimDataPlane
+from vertumnus.engines.sim.events import EventKind, EventLoop
 from vertumnus.interfaces import PrefillJob
-from vertumnus.sim.events import EventKind, EventLoop
 from vertumnus.types import (
     CacheOp,
     CacheOpKind,

@@ -16,9 +16,9 @@ from vertumnus.cache.manager import CacheManager
 from vertumnus.config import config_from_dict
 from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.engines.sim import SimDataPlane
+from vertumnus.engines.sim.events import EventLoop
 from vertumnus.pool import PrefillPool
 from vertumnus.scheduler.policy import WorkerView
-from vertumnus.sim.events import EventLoop
 from vertumnus.types import (
     CacheOp,
     Placement,

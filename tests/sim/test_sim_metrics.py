@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from vertumnus.eval.phase_stats import lower_bound_violations, phase_summaries, phase_verdicts
 from vertumnus.sim.metrics import per_interval, summarize
-from vertumnus.sim.phase_stats import lower_bound_violations, phase_summaries, phase_verdicts
 
 NAN = float("nan")
 

@@ -10,7 +10,7 @@ import pytest
 
 from vertumnus.config import VertumnusConfig, config_from_dict
 from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
-from vertumnus.sim.events import EventKind
+from vertumnus.engines.sim.events import EventKind
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.phases import generate, parse_phase_spec
 from vertumnus.sim.policies import POLICIES

@@ -27,8 +27,8 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     ) -> None:
         """Run the predictive controller on each workload and re-score every decision it took on the arrivals
         that actually followed: the forecast's error by pool age, and which moves beat staying."""
-        from vertumnus.sim.decision_audit import audit_run, format_report, report_json
-        from vertumnus.sim.evaluate import plan, workload_requests
+        from vertumnus.eval.decision_audit import audit_run, format_report, report_json
+        from vertumnus.eval.tasks import plan, workload_requests
 
         p = plan(set_path, config, "vertumnus", workloads=workload or None)
         if p.cfg.controller.policy != "predictive":

@@ -17,7 +17,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         """Profile the real engine on the grid the profiler's tests used to time (torch: degrees 1 and 2, CPU
         clock; vllm: degree 1) and print the fit's MAPE per degree. Exit status 1 when a degree's MAPE exceeds
         --max-mape: these are the timed fits that do not belong in unit tests (they depend on machine load)."""
-        from vertumnus.profiling.bench import PRESETS, run_fit_bench
+        from vertumnus.bench.profile_fit import PRESETS, run_fit_bench
 
         engines = list(PRESETS) if engine == "all" else [engine]
         ok = True

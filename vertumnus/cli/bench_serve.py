@@ -17,7 +17,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Measure HTTP in → worker start (p50/p99) and requests/s of the front end + pool (instant engine)."""
+        from vertumnus.bench.serve import report, run_bench
         from vertumnus.cli.serve_cmd import _resolve
-        from vertumnus.serving.bench import report, run_bench
 
         typer.echo(report(run_bench(_resolve(config), requests, concurrency, words), as_json))

@@ -50,8 +50,9 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress on stderr."),
     ) -> None:
         """Run the policy and vertumnus-static on every composition; print verdicts, write JSON + markdown."""
-        from vertumnus.sim.eval_report import print_table, sensitivity_table, write_outputs
-        from vertumnus.sim.evaluate import Task, evaluate, plan
+        from vertumnus.eval.eval_report import print_table, sensitivity_table, write_outputs
+        from vertumnus.eval.evaluate import evaluate
+        from vertumnus.eval.tasks import Task, plan
 
         output_dir(out)
         t0 = time.perf_counter()
@@ -69,8 +70,8 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         if sweep:
             import json
 
-            from vertumnus.sim.sensitivity import parse_sweep, plot_sweep
-            from vertumnus.sim.sensitivity import sweep as run_sweep
+            from vertumnus.eval.sensitivity import parse_sweep, plot_sweep
+            from vertumnus.eval.sensitivity import sweep as run_sweep
 
             p = plan(set_path, config, policy, start, workload or None, replicates)
             grid = parse_sweep(sweep, p.cfg)
@@ -87,14 +88,14 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         res = evaluate(set_path, config, policy, start, jobs, workload or None, tick, replicates)
         tuned = None
         if tuning_set:
-            from vertumnus.sim.fixed_pick import tuning_pick
+            from vertumnus.eval.fixed_pick import tuning_pick
 
             tuned = tuning_pick(tuning_set, config, jobs, tick, replicates)
         paths = write_outputs(res, out, tuned)
         if sys.stdout.isatty():
             print_table(res, tuned)
         else:  # pipes and files get the markdown
-            from vertumnus.sim.eval_report import markdown_standings, markdown_summary
+            from vertumnus.eval.eval_report import markdown_standings, markdown_summary
 
             typer.echo(markdown_summary(res), nl=False)
             typer.echo("\nAcross the workloads (mean TTFT ÷ each workload's best fixed composition):\n")

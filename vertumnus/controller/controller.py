@@ -41,7 +41,7 @@ SWITCH_MEMORY = 8  # committed reconfigurations whose switch stages the replay's
 
 QueueS = Callable[[int], float]  # worker id -> q_w(now)
 # Told every computed predictive decision: its snapshot, its verdict and the move it began (None: none began,
-# stale decisions included). E.g. the decision audit (vertumnus/sim/decision_audit.py), a log.
+# stale decisions included). E.g. the decision audit (vertumnus/eval/decision_audit.py), a log.
 DecisionObserver = Callable[[PendingDecision, Verdict, Move | None], None]
 
 

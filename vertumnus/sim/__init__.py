@@ -1,1 +1,1 @@
-"""Trace-driven discrete-event simulator, workloads, baselines and reports."""
+"""Trace-driven discrete-event simulator: runner, workloads, metrics, baselines and the references the runner drives."""

@@ -1,6 +1,6 @@
 """The clairvoyant controller: the predictive controller with the forecast replaced by the requests to come.
 
-A reference for the out-of-sample protocol (:mod:`vertumnus.sim.evaluate`), not a policy: no server knows its
+A reference for the out-of-sample protocol (:mod:`vertumnus.eval.evaluate`), not a policy: no server knows its
 future arrivals. The predictive controller forecasts the next span from the last one; at each decision the
 clairvoyant reference hands it the requests that *will* arrive in ``[now, now + span)`` instead, and leaves
 everything else as configured (margins, persistence, resamples, the switch it charges, the moves it may take).

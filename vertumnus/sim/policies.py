@@ -9,6 +9,7 @@ reclamation), like the systems they stand for.
 from __future__ import annotations
 
 from vertumnus.config import VertumnusConfig, format_composition, parse_composition
+from vertumnus.controller.lattice import Lattice
 from vertumnus.scheduler.policy import RoutingPolicy
 from vertumnus.sim.baselines import (
     DynamoKVPolicy,
@@ -76,3 +77,10 @@ def configure(
     else:
         router = DynamoKVPolicy(b)
     return out, router
+
+
+def all_compositions(cfg: VertumnusConfig) -> list[str]:
+    """Every reachable composition of the pool's lattice, most small-degree workers first (the fixed
+    compositions an evaluation runs)."""
+    lat = Lattice(cfg.pool.nodes, cfg.pool.gpus_per_node, cfg.pool.degrees)
+    return [format_composition(lat.as_dict(c)) for c in sorted(lat.reachable(), reverse=True)]

@@ -1,6 +1,6 @@
 """The prescient start: the start composition moved to a known target at once, then held.
 
-A reference for the out-of-sample protocol (:mod:`vertumnus.sim.evaluate`), not a policy. A controller that
+A reference for the out-of-sample protocol (:mod:`vertumnus.eval.evaluate`), not a policy. A controller that
 starts on the wrong composition and *converges* to the best fixed one pays the way there: the sources drain,
 their GPUs sit idle through the switch, their caches are reconciled away, and at a load near capacity the backlog
 built meanwhile lasts long after. The prescient start knows at t = 0 which composition will be best over the
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from vertumnus.config import format_composition
 from vertumnus.controller.lattice import LatticeOp
 from vertumnus.pool import PrefillPool
-from vertumnus.sim.events import EventKind
+from vertumnus.engines.sim.events import EventKind
 from vertumnus.types import ReconfigKind, WorkerState
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class PrescientSteer:
 
     Called by the simulation after every event (as a :class:`~vertumnus.sim.runner.Simulation` hook, which also
     runs an event at ``at_s``) until :attr:`done`; no operation begins before ``at_s`` (0: as soon as the workers
-    are up; later: the route a controller deciding then would take, ``benchmarks/route_floor.py``).
+    are up; later: the route a controller deciding then would take).
     :attr:`began` counts the operations it started."""
 
     target: dict[int, int]

@@ -22,10 +22,10 @@ from vertumnus.controller.forecast import Forecaster
 from vertumnus.controller.initial import History, summarize_history
 from vertumnus.cost_model import CostModel
 from vertumnus.engines.sim import SimDataPlane, SimStats
+from vertumnus.engines.sim.events import EventKind, EventLoop
 from vertumnus.pool import PrefillPool
 from vertumnus.scheduler.scheduler import RequestRejected
 from vertumnus.sim.baselines import SGLangCacheAwarePolicy
-from vertumnus.sim.events import EventKind, EventLoop
 from vertumnus.sim.lower_bound import lower_bound
 from vertumnus.sim.metrics import Collector, ReconfigRecord, summarize
 from vertumnus.sim.policies import LOWER_BOUND, configure

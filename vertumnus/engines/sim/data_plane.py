@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from vertumnus.config import VertumnusConfig
 from vertumnus.cost_model import CostModel
 from vertumnus.engines.sim.cache import BlockCache
+from vertumnus.engines.sim.events import EventKind, EventLoop
 from vertumnus.engines.sim.worker import SimStats, SimWorker, reused_tokens
 from vertumnus.interfaces import EngineEvents, PrefillJob
-from vertumnus.sim.events import EventKind, EventLoop
 from vertumnus.types import (
     CacheOp,
     CacheOpKind,

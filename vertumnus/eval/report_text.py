@@ -1,4 +1,4 @@
-"""Markdown and figures of the evaluation report (data come from :mod:`vertumnus.sim.report`)."""
+"""Markdown and figures of the evaluation report (data come from :mod:`vertumnus.eval.report`)."""
 
 from __future__ import annotations
 
@@ -6,26 +6,20 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vertumnus.eval.fmt import num3, share
+from vertumnus.eval.phase_stats import lower_bound_violations, phase_summaries, phase_verdicts
+from vertumnus.eval.report_caveats import limits, profile_notice
 from vertumnus.sim.output import markdown_table, plot_runs
-from vertumnus.sim.phase_stats import lower_bound_violations, phase_summaries, phase_verdicts
 from vertumnus.sim.plots import PlotRun, hit_rate_timeline, rate_lines, ttft_cdf, ttft_timeline
 from vertumnus.sim.policies import BASELINES, LOWER_BOUND
 
 if TYPE_CHECKING:
     from vertumnus.config import CacheConfig, ControllerConfig
-    from vertumnus.sim.report import RateExperiment, Report
+    from vertumnus.eval.report import RateExperiment, Report
     from vertumnus.sim.runner import RunResult
 
 BASELINE_COMPOSITION = "6xCP4+2xCP8"  # baselines' fixed mix: length-threshold needs a large degree to use
 STATIC_FIXED = f"vertumnus-static {BASELINE_COMPOSITION}"
-
-
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{x:.1%}"
-
-
-def _s(x: float | None) -> str:
-    return "–" if x is None else f"{x:.3f}"
 
 
 def _img(path: Path, md_dir: Path, alt: str) -> str:
@@ -130,10 +124,10 @@ def _standing(rep: Report) -> str:
         cells = [e.trace, f"{e.rate:g}"]
         for key in ("mean_ttft_s", "p90_ttft_s"):
             name, best = min(others.items(), key=lambda kv: kv[1][key])
-            cells += [_s(v[key]), f"{_s(best[key])} ({name})", f"{v[key] / best[key]:.2f}"]
+            cells += [num3(v[key]), f"{num3(best[key])} ({name})", f"{v[key] / best[key]:.2f}"]
         key = "slo_attainment_token_weighted"
         name, best = max(others.items(), key=lambda kv: kv[1][key])
-        cells += [_pct(v[key]), f"{_pct(best[key])} ({name})"]
+        cells += [share(v[key]), f"{share(best[key])} ({name})"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -163,9 +157,9 @@ def _phase_section(rep: Report, img: Path, md_dir: Path) -> tuple[str, dict[str,
         cells = [f"{k + 1} ({lo:g}–{hi:g} s)", f"{p.rate_rps:g}", f"{p.long_share:.0%}"]
         best = verdicts[k].best_fixed
         for c in ph.fixed:
-            val = _s(fixed_sum[c][k]["mean_ttft_s"])
+            val = num3(fixed_sum[c][k]["mean_ttft_s"])
             cells.append(f"**{val}**" if c == best else val)
-        cells += [_s(v_sum[k]["mean_ttft_s"]), _s(norepl[k]["mean_ttft_s"]), _s(lb[k]["mean_ttft_s"])]
+        cells += [num3(v_sum[k]["mean_ttft_s"]), num3(norepl[k]["mean_ttft_s"]), num3(lb[k]["mean_ttft_s"])]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("\nBold: the best fixed composition of the phase.\n")
     lines.append("Whole run:\n")
@@ -177,8 +171,8 @@ def _phase_section(rep: Report, img: Path, md_dir: Path) -> tuple[str, dict[str,
     s = v.summary
     lines.append(
         f"Vertumnus started at {s['initial_composition']} and made {s['reconfigurations']} reconfigurations "
-        f"({s.get('splits', 0)} splits, {s.get('merges', 0)} merges; drain mean {_s(s.get('mean_drain_s'))} s, "
-        f"max {_s(s.get('max_drain_s'))} s; switch mean {_s(s.get('mean_switch_s'))} s); it ended at "
+        f"({s.get('splits', 0)} splits, {s.get('merges', 0)} merges; drain mean {num3(s.get('mean_drain_s'))} s, "
+        f"max {num3(s.get('max_drain_s'))} s; switch mean {num3(s.get('mean_switch_s'))} s); it ended at "
         f"{s['final_composition']}.\n"
     )
     pr = [PlotRun("vertumnus", v.arrays, v.composition)]
@@ -210,8 +204,8 @@ def _ablation(rep: Report) -> tuple[str, list[tuple[str, float, float, float]]]:
         p90 = (x["p90_ttft_s"] - y["p90_ttft_s"]) / y["p90_ttft_s"]
         mean = (x["mean_ttft_s"] - y["mean_ttft_s"]) / y["mean_ttft_s"]
         lines.append(
-            f"| {name} | {rate:g} | {comp} | {_s(x['p90_ttft_s'])} | {_s(y['p90_ttft_s'])} | {p90:+.1%} | "
-            f"{mean:+.1%} | {_pct(x['prefix_hit_rate_tokens'])} | {_pct(y['prefix_hit_rate_tokens'])} | "
+            f"| {name} | {rate:g} | {comp} | {num3(x['p90_ttft_s'])} | {num3(y['p90_ttft_s'])} | {p90:+.1%} | "
+            f"{mean:+.1%} | {share(x['prefix_hit_rate_tokens'])} | {share(y['prefix_hit_rate_tokens'])} | "
             f"{x['replications']} | {x['reclamations']} |"
         )
         top[name] = (name, rate, x["p90_ttft_s"], y["p90_ttft_s"])  # rows come in rising rate order
@@ -256,7 +250,7 @@ def _ablation(rep: Report) -> tuple[str, list[tuple[str, float, float, float]]]:
             "sends to an idle worker without a fetch recomputes the prefix there. The queue bound and the "
             "shortest prefix worth a fetch or copy (hot_min_blocks) and retention were chosen on the cache "
             "ablation's tuning set "
-            "(configs/eval/cache-tuning.yaml, whose header records the search by benchmarks/cache_tune.py; the "
+            "(configs/eval/cache-tuning.yaml, whose header records the search by vertumnus/bench/cache_tune.py; the "
             "hot-prefix test set is the section below); the config's comment records the search that chose its "
             "scan thresholds under `rules` (in-sample)."
         )
@@ -290,7 +284,7 @@ def render(rep: Report, img: Path, md_dir: Path) -> str:
         "by that command from the simulator's runs; rerun it to refresh them. The two out-of-sample sections "
         "(issues 16 and 17) can also be rerun alone (`make results-oos`, `make cache-ablation`) and each states "
         "when its figures were measured.\n",
-        _profile_notice(rep),
+        profile_notice(rep),
         "## Setup\n",
         _setup(rep),
         f"Policies: `vertumnus` (placement cost J, controller with `controller.policy: {rep.cfg.controller.policy}`, "
@@ -330,67 +324,8 @@ def render(rep: Report, img: Path, md_dir: Path) -> str:
         f"**{b['events_per_s']:,.0f} events/s** of wall time ({rep.meta.get('machine', '')}, load average "
         f"{rep.meta.get('load', '?')} while measuring). `vertumnus bench sim` prints the same figures.\n",
     ]
-    parts += ["## 6. Limits of the simulation\n", _limits(prof.source)]
+    parts += ["## 6. Limits of the simulation\n", limits(prof.source)]
     return "\n".join(parts)
-
-
-def _profile_notice(rep: Report) -> str:
-    """The report's warning about where E_C comes from: a calibrated profile is not a measurement."""
-    prof = rep.cost.profile
-    where = f"`{rep.cfg.cost_model.profile}` (source: *{prof.source}*; {prof.model} on {prof.hardware})"
-    if prof.source == "calibrated":
-        return (
-            f"> **The cost profile is calibrated, not measured.** The simulator charges E_C(R, P) from {where}: "
-            "its coefficients were fitted to published speed-ups (for the default profile: the paper's "
-            "Qwen3-30B-A3B, C=4: 2.71×, C=8: 3.91× at 64K tokens), not measured on the hardware. Absolute TTFTs "
-            "are model outputs; all policies share the same model, the same workloads and the same simulated "
-            "engine.\n"
-        )
-    if prof.source == "modelled":
-        return (
-            f"> **The cost profile is modelled, not measured or calibrated.** The simulator charges E_C(R, P) from "
-            f"{where}: `vertumnus profile --engine {prof.engine}` fitted it to predicted prefill times (kernel sums "
-            "without framework overhead, so optimistic, and extrapolated beyond the model's data; its notes say "
-            "how far). Absolute TTFTs are model outputs; all policies share the same model, the same workloads "
-            "and the same simulated engine.\n"
-        )
-    return (
-        f"> The simulator charges E_C(R, P) from {where}, fitted by `vertumnus profile` to measured prefill times. "
-        "Absolute TTFTs are model outputs of that fit; all policies share the same model, the same workloads and "
-        "the same simulated engine.\n"
-    )
-
-
-def _limits(source: str) -> str:
-    """Section 6, with the first bullet following the profile's source."""
-    if source == "calibrated":
-        first = (
-            "- The cost profile is calibrated to published speed-ups, not measured; κ_C (capacity per window) in it "
-            "is an\n  assumption (the default's: 7 s of predicted work per 10-s window for every degree) until "
-            "`vertumnus profile` measures it.\n"
-        )
-    elif source == "modelled":
-        first = (
-            "- The cost profile is modelled (predicted kernel times, not measured): optimistic, and extrapolated "
-            "beyond\n  the model's data; its per-degree fit error (MAPE) is against the model, not hardware.\n"
-        )
-    else:
-        first = "- The cost profile was measured by `vertumnus profile`; its per-degree fit error (MAPE) is in it.\n"
-    return first + LIMITS
-
-
-LIMITS = """- Engines are idealised: a worker runs one prefill at a time for exactly E_C(R, P) (no batching, no jitter);
-  cache copies run beside compute and do not share link bandwidth with each other.
-- Per-worker caches hold whole 512-token blocks with LRU eviction; block b of a prefix lives on rank b mod C,
-  so a split leaves each child every other stripe (reconciled from the sibling on first reuse).
-- Rates above a trace's own are reached by compressing its arrival times, which keeps its order and prefix
-  reuse but also compresses think times between conversation turns.
-- Controller and cache parameters are the config's (`configs/sim-40gpu.yaml`), the same for every experiment.
-  The predictive controller's margins and the cache's `fetch_max_queue_s` / `hot_min_blocks` were chosen on the
-  out-of-sample tuning sets (`configs/eval/tuning.yaml`, `configs/eval/cache-tuning.yaml`); the rule
-  controller's band (read only under `controller.policy: rules`) was chosen on the time-varying workload of §2,
-  in sample. Sections 1-3 and 7 are not out of sample: only the two issue sections below are.
-"""
 
 
 def _checks(ph: dict[str, Any], top: list[tuple[str, float, float, float]], bad: int, nruns: int) -> str:

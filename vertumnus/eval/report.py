@@ -1,4 +1,4 @@
-"""Regenerate the evaluation report: ``python -m vertumnus.sim.report --out docs/results.md`` (``make results``).
+"""Regenerate the evaluation report: ``python -m vertumnus.eval.report --out docs/results.md`` (``make results``).
 
 Experiments (40 simulated GPUs, 5 nodes × 8, degrees 4 and 8, configs/sim-40gpu.yaml):
 
@@ -8,12 +8,12 @@ Experiments (40 simulated GPUs, 5 nodes × 8, degrees 4 and 8, configs/sim-40gpu
 2. the time-varying workload (configs/workloads/tool-agent-phases.yaml): Vertumnus against every fixed
    composition of the lattice (Vertumnus routing, controller off), per phase;
 3. the simulator's speed on the conversation trace;
-4. the cache-manager ablation on the hot-prefix test set under KV pressure (:mod:`vertumnus.sim.cache_report`;
+4. the cache-manager ablation on the hot-prefix test set under KV pressure (:mod:`vertumnus.eval.cache_report`;
    ``--only cache-ablation`` reruns just that section and rewrites it in place);
 5. sections 1 and 2 again under the second cost profile (configs/sim-40gpu-aic.yaml: the same config with the
    AIConfigurator-modelled profile), side by side with the first, and the two profiles' E_C curves
-   (:mod:`vertumnus.sim.report_profiles`);
-6. the out-of-sample test set (issue 16) under both profiles (:mod:`vertumnus.sim.eval_results`;
+   (:mod:`vertumnus.eval.report_profiles`);
+6. the out-of-sample test set (issue 16) under both profiles (:mod:`vertumnus.eval.eval_results`;
    ``--only out-of-sample`` reruns just that section and rewrites it in place).
 
 Every figure in docs/results.md is computed here from the runs; nothing is typed in by hand.
@@ -31,17 +31,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vertumnus.config import VertumnusConfig, format_composition
-from vertumnus.controller.lattice import Lattice
+from vertumnus.config import VertumnusConfig
 from vertumnus.cost_model import CostModel
-from vertumnus.sim.cache_report import SECTION as CACHE_SECTION
-from vertumnus.sim.cache_report import cache_section
-from vertumnus.sim.eval_results import SECTION as OOS_SECTION
-from vertumnus.sim.eval_results import results_section
+from vertumnus.eval.cache_report import SECTION as CACHE_SECTION
+from vertumnus.eval.cache_report import cache_section
+from vertumnus.eval.eval_results import SECTION as OOS_SECTION
+from vertumnus.eval.eval_results import results_section
+from vertumnus.eval.report_profiles import SECOND_CONFIG, ProfileRuns, render_section
+from vertumnus.eval.report_text import BASELINE_COMPOSITION, STATIC_FIXED, render
 from vertumnus.sim.inputs import Workload, load_cost, load_sim_config, load_workload_requests, resolve
-from vertumnus.sim.policies import BASELINES, LOWER_BOUND
-from vertumnus.sim.report_profiles import SECOND_CONFIG, ProfileRuns, render_section
-from vertumnus.sim.report_text import BASELINE_COMPOSITION, STATIC_FIXED, render
+from vertumnus.sim.policies import BASELINES, LOWER_BOUND, all_compositions
 from vertumnus.sim.runner import RunResult, run_policy
 
 TRACES = {
@@ -125,12 +124,6 @@ def run_rates(
             f"{sum(r.summary['sim_wall_s'] for r in exp.results.values()):.1f} s")  # fmt: skip
         out.append(exp)
     return out
-
-
-def all_compositions(cfg: VertumnusConfig) -> list[str]:
-    """Every composition of the pool's lattice, most small-degree workers first."""
-    lat = Lattice(cfg.pool.nodes, cfg.pool.gpus_per_node, cfg.pool.degrees)
-    return [format_composition(lat.as_dict(c)) for c in sorted(lat.reachable(), reverse=True)]
 
 
 def run_phases(cfg: VertumnusConfig, cost: CostModel, spec: str) -> PhaseExperiment:
@@ -249,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     profiles = ""  # section 7: the second cost profile side by side
     if not args.quick and args.config is None:
         profiles = "\n" + second_profile(cfg, cost, rate_runs, phase, img, out.parent)
-    oos = ""  # out-of-sample test set under every bundled profile (vertumnus.sim.eval_results)
+    oos = ""  # out-of-sample test set under every bundled profile (vertumnus.eval.eval_results)
     if not args.quick:
         log("out-of-sample test set")
         oos = "\n" + results_section(img, out.parent, jobs=args.jobs, log=log)
@@ -266,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": dt.date.today().isoformat(),
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, Python {platform.python_version()}",
         "load": f"{load:.1f} on {os.cpu_count()} cores",
-        "command": "python -m vertumnus.sim.report --out " + str(args.out) + (" --quick" if args.quick else ""),
+        "command": "python -m vertumnus.eval.report --out " + str(args.out) + (" --quick" if args.quick else ""),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(rep, img, out.parent) + profiles + oos + cache_oos)

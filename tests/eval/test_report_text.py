@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from vertumnus.sim.report_text import _limits, _profile_notice
+from vertumnus.eval.report_caveats import limits, profile_notice
 
 
 def _rep(source: str) -> SimpleNamespace:
@@ -16,12 +16,12 @@ def _rep(source: str) -> SimpleNamespace:
 
 
 def test_calibrated_profile_is_flagged() -> None:
-    notice = _profile_notice(_rep("calibrated"))  # type: ignore[arg-type]
+    notice = profile_notice(_rep("calibrated"))  # type: ignore[arg-type]
     assert "calibrated, not measured" in notice and "`p.yaml`" in notice
-    assert _limits("calibrated").startswith("- The cost profile is calibrated")
+    assert limits("calibrated").startswith("- The cost profile is calibrated")
 
 
 def test_measured_profile_is_not_called_calibrated() -> None:
-    notice = _profile_notice(_rep("measured"))  # type: ignore[arg-type]
+    notice = profile_notice(_rep("measured"))  # type: ignore[arg-type]
     assert "calibrated" not in notice and "vertumnus profile" in notice
-    assert "calibrated" not in _limits("measured").splitlines()[0]
+    assert "calibrated" not in limits("measured").splitlines()[0]

@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vertumnus.sim.eval_report import tuned_text
-from vertumnus.sim.eval_set import load_eval_set
-from vertumnus.sim.evaluate import STATIC, EvalResult, RunDigest, WorkloadResult, all_compositions, derive, mean_digest
-from vertumnus.sim.fixed_pick import Standing, TuningPick, pick, standings, stream_ratios_to, tuning_pick
+from vertumnus.eval.digest import RunDigest, mean_digest
+from vertumnus.eval.eval_report import tuned_text
+from vertumnus.eval.eval_set import load_eval_set
+from vertumnus.eval.fixed_pick import Standing, TuningPick, pick, standings, stream_ratios_to, tuning_pick
+from vertumnus.eval.tasks import STATIC
+from vertumnus.eval.verdict import EvalResult, WorkloadResult, derive
 from vertumnus.sim.inputs import load_cost, load_sim_config
+from vertumnus.sim.policies import all_compositions
 from vertumnus.sim.runner import run_policy
 
 EXCERPT = Path(__file__).resolve().parents[1] / "data" / "conversation_excerpt.jsonl"

@@ -2,7 +2,7 @@
 
 :func:`results_section` runs the evaluation of ``configs/eval/test.yaml`` under each profile's config (a config
 that does not exist yet is skipped with a note), the sensitivity sweep under the first profile, the fixed
-compositions of the tuning set (the fixed composition a search there picks, :mod:`vertumnus.sim.fixed_pick`), and
+compositions of the tuning set (the fixed composition a search there picks, :mod:`vertumnus.eval.fixed_pick`), and
 renders the markdown. Every figure comes from the runs.
 """
 
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from vertumnus.sim.eval_report import (
+from vertumnus.eval.eval_report import (
     columns_text,
     criteria_text,
     img_link,
@@ -27,14 +27,16 @@ from vertumnus.sim.eval_report import (
     sensitivity_table,
     workload_facts,
 )
-from vertumnus.sim.eval_set import EvalSet, load_eval_set
-from vertumnus.sim.evaluate import EvalResult, evaluate, evaluate_against, plan
-from vertumnus.sim.fixed_pick import TuningPick, tuning_pick
+from vertumnus.eval.eval_set import EvalSet, load_eval_set
+from vertumnus.eval.evaluate import evaluate, evaluate_against
+from vertumnus.eval.fixed_pick import TuningPick, tuning_pick
+from vertumnus.eval.protocol import __doc__ as PROTOCOL_DOC
+from vertumnus.eval.sensitivity import parse_sweep, plot_sweep, sweep
+from vertumnus.eval.tasks import plan
+from vertumnus.eval.verdict import EvalResult
 from vertumnus.sim.inputs import resolve
-from vertumnus.sim.protocol import __doc__ as PROTOCOL_DOC
-from vertumnus.sim.sensitivity import parse_sweep, plot_sweep, sweep
 
-# Marker name of this section in docs/results.md: ``python -m vertumnus.sim.report --only out-of-sample`` reruns it
+# Marker name of this section in docs/results.md: ``python -m vertumnus.eval.report --only out-of-sample`` reruns it
 # and rewrites it in place.
 SECTION = "out-of-sample"
 TEST_SET = "configs/eval/test.yaml"

@@ -16,20 +16,13 @@ tuning set's fixed compositions.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from vertumnus.sim.evaluate import (
-    EvalResult,
-    Task,
-    fixed_tasks,
-    geometric_mean,
-    json_finite,
-    merge_replicates,
-    plan,
-    run_tasks,
-)
+from vertumnus.eval.digest import geometric_mean, json_finite
+from vertumnus.eval.fmt import ratio
+from vertumnus.eval.tasks import Task, fixed_tasks, merge_replicates, plan, run_tasks
+from vertumnus.eval.verdict import EvalResult
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,18 +57,12 @@ def standings(
         best[w] = min(row[c] for c in fixed)
     out = []
     for name in (*others, *fixed):
-        ratios = {w: _ratio(means[w][name], best[w]) for w in means}
+        ratios = {w: ratio(means[w][name], best[w]) for w in means}
         worst_w = max(ratios, key=lambda w: ratios[w])
         geo = geometric_mean(list(ratios.values()))
         at_best = sum(means[w][name] <= best[w] for w in means)
         out.append(Standing(name, geo, ratios[worst_w], worst_w, at_best))
     return out
-
-
-def _ratio(a: float, b: float) -> float:
-    if math.isinf(a):
-        return math.inf
-    return a / b if b > 0 else math.inf
 
 
 def result_standings(res: EvalResult) -> list[Standing]:
@@ -97,7 +84,7 @@ def stream_ratios_to(res: EvalResult, name: str) -> tuple[float, ...]:
     n = len(pairs[0][0])
     if n < 2 or any(len(a) != n or len(b) != n for a, b in pairs):
         return ()
-    return tuple(geometric_mean([_ratio(a[k], b[k]) for a, b in pairs]) for k in range(n))
+    return tuple(geometric_mean([ratio(a[k], b[k]) for a, b in pairs]) for k in range(n))
 
 
 def pick(fixed_standings: Sequence[Standing]) -> Standing:

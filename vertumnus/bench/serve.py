@@ -2,7 +2,7 @@
 
 The server is the real one — :func:`~vertumnus.serving.app.create_app` over a
 :class:`~vertumnus.serving.runtime.ServingRuntime` with the real :class:`~vertumnus.pool.PrefillPool` — with
-:class:`~vertumnus.serving.instant.InstantDataPlane` / :class:`~vertumnus.serving.instant.InstantDecode` in place
+:class:`~vertumnus.engines.sim.instant.InstantDataPlane` / :class:`~vertumnus.serving.instant.InstantDecode` in place
 of Ray, torch and decode, in a child process (so the load generator does not share its event loop).
 
 Measured:
@@ -58,12 +58,14 @@ def serve_instant(cfg: VertumnusConfig, port: int) -> None:
     import uvicorn
 
     from vertumnus.cost_model import CostModel
+    from vertumnus.engines.sim.instant import InstantDataPlane
     from vertumnus.serving.app import create_app
-    from vertumnus.serving.instant import InstantDataPlane, InstantDecode
+    from vertumnus.serving.instant import InstantDecode
     from vertumnus.serving.runtime import ServingRuntime
 
     clock = time.monotonic
-    dp = InstantDataPlane(cfg.pool.gpus_per_node, cfg.pool.kv_capacity_blocks_per_rank, cfg.cache.block_tokens, clock)
+    dp = InstantDataPlane(clock, cfg.pool.gpus_per_node, blocks_per_rank=cfg.pool.kv_capacity_blocks_per_rank,
+                          block_tokens=cfg.cache.block_tokens)  # fmt: skip
     cost = CostModel.from_file(cfg.resolve_path(cfg.cost_model.profile))
     runtime = ServingRuntime(cfg, dp, InstantDecode(), cost, "instant", clock)
     uvicorn.run(create_app(runtime), host="127.0.0.1", port=port, log_level="warning", access_log=False)
@@ -137,7 +139,7 @@ def run_bench(config: Path, requests: int, concurrency: int, words: int) -> Benc
     cfg_path = Path(tempfile.mkdtemp(prefix="vertumnus-bench-")) / "bench.json"
     cfg_path.write_text(cfg.model_dump_json())
     code = (
-        f"import json,sys;from vertumnus.config import config_from_dict as c;from vertumnus.serving.bench import "
+        f"import json,sys;from vertumnus.config import config_from_dict as c;from vertumnus.bench.serve import "
         f"serve_instant as s;s(c(json.load(open(sys.argv[1]))),{port})"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(cfg_path)])

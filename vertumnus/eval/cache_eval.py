@@ -1,9 +1,9 @@
 """The cache-manager ablation on hot-prefix workloads under KV pressure (``configs/eval/cache-*.yaml``).
 
-Each workload is a steady stream resampled from the public traces (:mod:`vertumnus.sim.protocol`) with shared hot
+Each workload is a steady stream resampled from the public traces (:mod:`vertumnus.eval.protocol`) with shared hot
 prefixes prepended (system / tool prompts, Zipf popularity; multi-turn sessions keep theirs), run at several loads
 and several per-GPU KV capacities — each capacity computed from a GPU's memory, the model's weights and its KV size
-(:mod:`vertumnus.sim.kv_capacity`). Every point runs the pool without replication (``norepl``) and with each
+(:mod:`vertumnus.eval.kv_capacity`). Every point runs the pool without replication (``norepl``) and with each
 replication policy (``rules``: the paper's thresholds; ``queue_aware``: :mod:`vertumnus.cache.hot_copy` and
 retention; ``copies_only`` / ``retention_only``: queue_aware's two parts apart, see :data:`PARTS`), at the
 set's fixed composition with the controller off, and again with the controller on (started from that
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -33,19 +32,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from vertumnus.config import VertumnusConfig
 from vertumnus.cost_model import CostModel
-from vertumnus.sim.eval_set import load_set
-from vertumnus.sim.inputs import load_cost, load_sim_config, resolve
-from vertumnus.sim.kv_capacity import kv_blocks_per_gpu
-from vertumnus.sim.policies import normalise_composition
-from vertumnus.sim.protocol import (
+from vertumnus.eval.eval_set import load_set
+from vertumnus.eval.fmt import rel_change
+from vertumnus.eval.kv_capacity import kv_blocks_per_gpu
+from vertumnus.eval.load_patterns import LoadPhase
+from vertumnus.eval.parallel import run_parallel
+from vertumnus.eval.protocol import (
     Generated,
     HotPrefixes,
-    LoadPhase,
     generate,
     load_pool,
     mean_of_runs,
     replicate_seed,
 )
+from vertumnus.sim.inputs import load_cost, load_sim_config, resolve
+from vertumnus.sim.policies import normalise_composition
 from vertumnus.sim.runner import run_policy
 
 POLICIES = ("norepl", "rules", "queue_aware", "copies_only", "retention_only")
@@ -138,14 +139,14 @@ class CacheTask:
 
 
 @lru_cache(maxsize=4)
-def _context(set_path: str, config: str) -> tuple[CacheEvalSet, VertumnusConfig, CostModel]:
+def cache_context(set_path: str, config: str) -> tuple[CacheEvalSet, VertumnusConfig, CostModel]:
     cfg = load_sim_config(config)
     return load_cache_set(set_path), cfg, load_cost(cfg)
 
 
 @lru_cache(maxsize=2)
 def _requests(set_path: str, config: str, workload: str, load: float, replicate: int = 0) -> Generated:
-    es, cfg, cost = _context(set_path, config)
+    es, cfg, cost = cache_context(set_path, config)
     w = next(x for x in es.workloads if x.name == workload)
     pool = load_pool({n: resolve(es.traces[n]) for n in w.traces}, es.requests, cfg, cost)
     phase = LoadPhase(w.duration_s, load, w.long_share, label=f"load {load:g}")
@@ -167,11 +168,16 @@ def run_config(es: CacheEvalSet, cfg: VertumnusConfig, task: CacheTask) -> Vertu
     return out
 
 
-def run_task(task: CacheTask) -> dict[str, Any]:
-    """One simulation; the :data:`METRICS` of its summary."""
-    es, cfg, cost = _context(task.set_path, task.config)
+def run_task(task: CacheTask, key: str | None = None, value: float | None = None) -> dict[str, Any]:
+    """One simulation; the :data:`METRICS` of its summary. ``key`` / ``value``: a ``section.name`` config key set
+    for a replication policy's run (``norepl`` keeps the config; the tuning sweep, vertumnus/bench/cache_tune.py)."""
+    es, cfg, cost = cache_context(task.set_path, task.config)
     gen = _requests(task.set_path, task.config, task.workload, task.load, task.replicate)
     run_cfg = run_config(es, cfg, task)
+    if key is not None and task.policy != "norepl":
+        section, name = key.split(".", 1)
+        sub = getattr(run_cfg, section)
+        setattr(sub, name, type(getattr(sub, name))(value))
     s = run_policy(gen.requests, run_cfg, cost, "vertumnus").summary
     out = {k: s.get(k) for k in METRICS}
     out["requests"] = len(gen.requests)
@@ -205,13 +211,13 @@ class CacheEvalResult:
         """Smallest and largest per-replicate relative P90 change against ``norepl`` (nan if none)."""
         a = self.replicas(workload, gpu, load, mode, policy)
         b = self.replicas(workload, gpu, load, mode, "norepl")
-        rel = [_rel(x["p90_ttft_s"], y["p90_ttft_s"]) for x, y in zip(a, b, strict=True)]
+        rel = [rel_change(x["p90_ttft_s"], y["p90_ttft_s"]) for x, y in zip(a, b, strict=True)]
         rel = [x for x in rel if math.isfinite(x)]
         return (min(rel), max(rel)) if rel else (math.nan, math.nan)
 
 
 def tasks_of(set_path: str, config: str) -> list[CacheTask]:
-    es, _, _ = _context(set_path, config)
+    es, _, _ = cache_context(set_path, config)
     # one request stream per (workload, load, replicate): consecutive tasks share it, so _requests' small cache
     # generates each stream once per worker process
     return [
@@ -225,30 +231,22 @@ def evaluate_cache(
     set_path: str, config: str, jobs: int = 1, progress: Callable[[int, int], None] | None = None
 ) -> CacheEvalResult:
     """Every run of the set under ``config`` (jobs > 1: a process pool)."""
-    es, cfg, cost = _context(set_path, config)
+    es, cfg, cost = cache_context(set_path, config)
     normalise_composition(es.composition, cfg)  # a bad composition fails before any run
     tasks = tasks_of(set_path, config)
     res = CacheEvalResult(es.name, config, cost.profile.source, es.capacities(cfg.cache.bytes_per_block),
                           cfg.cache.bytes_per_block, cfg.slo.target_attainment)  # fmt: skip
-    if jobs <= 1:
-        for i, t in enumerate(tasks, 1):
-            res.runs[t] = run_task(t)
-            if progress:
-                progress(i, len(tasks))
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as ex:
-            futs = {ex.submit(run_task, t): t for t in tasks}
-            for i, f in enumerate(as_completed(futs), 1):
-                res.runs[futs[f]] = f.result()
-                if progress:
-                    progress(i, len(tasks))
-    res.runs = {t: res.runs[t] for t in tasks}  # task order
+    report = progress
+    done = run_parallel(tasks, run_task, jobs, None if report is None else lambda i, n, _t: report(i, n))
+    res.runs = dict(zip(tasks, done, strict=True))
     return res
 
 
 # -- verdicts ------------------------------------------------------------------------------------------------------
 @dataclass(slots=True)
-class Verdict:
+class CacheVerdict:
+    """One replication policy against ``norepl`` on one (workload, KV size, mode): the issue's P90 criterion."""
+
     workload: str
     gpu: str
     mode: str
@@ -271,13 +269,7 @@ class Verdict:
         )
 
 
-def _rel(a: float | None, b: float | None) -> float:
-    if a is None or b is None or not b:
-        return math.nan
-    return a / b - 1.0
-
-
-def verdicts(res: CacheEvalResult, loads: Sequence[float], workloads: Sequence[str]) -> list[Verdict]:
+def verdicts(res: CacheEvalResult, loads: Sequence[float], workloads: Sequence[str]) -> list[CacheVerdict]:
     """Each replication policy that ran against ``norepl``, per (workload, KV size, mode)."""
     ran = {t.policy for t in res.runs}
     policies = [p for p in POLICIES[1:] if p in ran]
@@ -290,10 +282,10 @@ def verdicts(res: CacheEvalResult, loads: Sequence[float], workloads: Sequence[s
                 top = max(ok) if ok else None
                 for pol in policies:
                     runs = {x: res.run(w, gpu, x, mode, pol) for x in loads}
-                    rel = {x: _rel(runs[x]["p90_ttft_s"], base[x]["p90_ttft_s"]) for x in loads}
+                    rel = {x: rel_change(runs[x]["p90_ttft_s"], base[x]["p90_ttft_s"]) for x in loads}
                     lost = sum(int(r[k] or 0) for r in runs.values() for k in LOST)
                     worst = max(loads, key=lambda x: (rel[x] if math.isfinite(rel[x]) else -math.inf, x))
-                    v = Verdict(w, gpu, mode, pol, top, rel[top] if top is not None else None, max(rel.values()),
+                    v = CacheVerdict(w, gpu, mode, pol, top, rel[top] if top is not None else None, max(rel.values()),
                                 lost, worst)  # fmt: skip
                     v.worst_range = res.spread(w, gpu, worst, mode, pol)
                     if top is not None:

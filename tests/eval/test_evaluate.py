@@ -14,25 +14,20 @@ import yaml
 
 from vertumnus.cli.main import main
 from vertumnus.config import parse_composition
+from vertumnus.eval.digest import RunDigest, mean_digest
+from vertumnus.eval.eval_report import HEAD, markdown_phases, markdown_summary, row, verdict_line, workload_heading
+from vertumnus.eval.eval_results import SWEEP_FLOAT_STEPS, SWEEP_INT_STEPS, SWEEP_KEYS
+from vertumnus.eval.eval_set import load_eval_set
+from vertumnus.eval.evaluate import evaluate
+from vertumnus.eval.phase_stats import phase_summaries
+from vertumnus.eval.sensitivity import parse_sweep
+from vertumnus.eval.tasks import STATIC
+from vertumnus.eval.verdict import EvalResult, WorkloadResult, derive
 from vertumnus.sim.clairvoyant import clairvoyant_forecaster
-from vertumnus.sim.eval_report import HEAD, markdown_phases, markdown_summary, row, verdict_line, workload_heading
-from vertumnus.sim.eval_results import SWEEP_FLOAT_STEPS, SWEEP_INT_STEPS, SWEEP_KEYS
-from vertumnus.sim.eval_set import load_eval_set
-from vertumnus.sim.evaluate import (
-    STATIC,
-    EvalResult,
-    RunDigest,
-    WorkloadResult,
-    all_compositions,
-    derive,
-    evaluate,
-    mean_digest,
-)
 from vertumnus.sim.inputs import load_cost, load_sim_config
-from vertumnus.sim.phase_stats import phase_summaries
+from vertumnus.sim.policies import all_compositions
 from vertumnus.sim.prescient import PrescientSteer
 from vertumnus.sim.runner import Simulation, run_policy
-from vertumnus.sim.sensitivity import parse_sweep
 
 EXCERPT = Path(__file__).resolve().parents[1] / "data" / "conversation_excerpt.jsonl"
 CONFIG = "configs/sim-40gpu.yaml"
@@ -274,7 +269,7 @@ def test_cli_evaluate_and_sweep_on_a_tiny_set(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_results_section_renders_every_profile_and_skips_missing_ones(tmp_path: Path) -> None:
-    from vertumnus.sim.eval_results import results_section
+    from vertumnus.eval.eval_results import results_section
 
     set_path = str(_tiny_set(tmp_path))
     md = results_section(
@@ -304,7 +299,7 @@ def test_results_section_renders_every_profile_and_skips_missing_ones(tmp_path: 
     assert all(r[1] in ("0/1", "1/1") and r[-1] == "0 |" for r in rows)  # one workload, nothing lost
     assert rows[0][2] == next(line for line in md.splitlines() if line.startswith("| **vertumnus** |")).split(" | ")[1]
     # Marked, so `make results-oos` rewrites just this section and keeps the rest of docs/results.md.
-    from vertumnus.sim.report import splice
+    from vertumnus.eval.report import splice
 
     assert md.startswith("<!-- section:out-of-sample -->") and "<!-- /section:out-of-sample -->" in md
     assert "Measured: " in md

@@ -15,7 +15,7 @@ import yaml
 
 from vertumnus.config import REPO_ROOT, VertumnusConfig
 from vertumnus.cost_model import CostModel
-from vertumnus.sim.decision_audit import audit_run, format_report
+from vertumnus.eval.decision_audit import audit_run, format_report
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.types import Request
 

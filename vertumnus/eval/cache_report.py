@@ -1,6 +1,6 @@
 """Markdown of the cache-manager ablation on the hot-prefix test set (a section of docs/results.md).
 
-Every figure is computed from :func:`vertumnus.sim.cache_eval.evaluate_cache` runs; nothing is typed in by hand.
+Every figure is computed from :func:`vertumnus.eval.cache_eval.evaluate_cache` runs; nothing is typed in by hand.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from vertumnus.sim.cache_eval import (
+from vertumnus.eval.cache_eval import (
     MODES,
     P90_GAIN,
     P90_SLACK,
@@ -18,20 +18,13 @@ from vertumnus.sim.cache_eval import (
     load_cache_set,
     verdicts,
 )
+from vertumnus.eval.fmt import rel_change, signed_pct
 from vertumnus.sim.inputs import load_sim_config
 
 TEST_SET = "configs/eval/cache-test.yaml"
 TUNING_SET = "configs/eval/cache-tuning.yaml"
 CONFIG = "configs/sim-40gpu.yaml"
-SECTION = "cache-ablation"  # marker name: `python -m vertumnus.sim.report --only cache-ablation` rewrites it
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:+.1f}%"
-
-
-def _rel(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or not b else a / b - 1.0
+SECTION = "cache-ablation"  # marker name: `python -m vertumnus.eval.report --only cache-ablation` rewrites it
 
 
 def _gb(blocks: float | None, bpb: int) -> str:
@@ -60,9 +53,11 @@ def workload_table(res: CacheEvalResult, es: CacheEvalSet, workload: str, mode: 
             )
             for p in pols:
                 a = res.run(workload, gpu, load, mode, p)
+                mean, p90, p99 = (
+                    signed_pct(rel_change(a[k], b[k])) for k in ("mean_ttft_s", "p90_ttft_s", "p99_ttft_s")
+                )
                 line += (
-                    f" {_pct(_rel(a['mean_ttft_s'], b['mean_ttft_s']))} / "
-                    f"{_pct(_rel(a['p90_ttft_s'], b['p90_ttft_s']))} / {_pct(_rel(a['p99_ttft_s'], b['p99_ttft_s']))}"
+                    f" {mean} / {p90} / {p99}"
                     f" | {a['prefix_hit_rate_tokens']:.3f} | {a['replications']:,.0f} "
                     f"({_gb(a['copied_blocks'], bpb)}) / {a['reclamations']:,.0f} | {a['fetch_copies']:,.0f} / "
                     f"{a['push_copies']:,.0f} / {a['scan_copies']:,.0f} | {a['evicted_blocks']:,.0f} |"
@@ -73,7 +68,7 @@ def workload_table(res: CacheEvalResult, es: CacheEvalSet, workload: str, mode: 
 
 def _range(r: tuple[float, float]) -> str:
     lo, hi = r
-    return "" if not (math.isfinite(lo) and math.isfinite(hi)) else f" ({_pct(lo)} … {_pct(hi)})"
+    return "" if not (math.isfinite(lo) and math.isfinite(hi)) else f" ({signed_pct(lo)} … {signed_pct(hi)})"
 
 
 def verdict_table(res: CacheEvalResult, es: CacheEvalSet) -> tuple[str, dict[str, tuple[int, int]]]:
@@ -88,8 +83,12 @@ def verdict_table(res: CacheEvalResult, es: CacheEvalSet) -> tuple[str, dict[str
     ]
     for v in vs:
         top = "none" if v.slo_load is None else f"{v.slo_load:g}"
-        at = _pct(v.p90_at_slo_load) + (_range(v.slo_range) if many else "")
-        wst = (f"{v.worst_load:g}: " + _pct(v.worst_p90) + _range(v.worst_range)) if many else _pct(v.worst_p90)
+        at = signed_pct(v.p90_at_slo_load) + (_range(v.slo_range) if many else "")
+        wst = (
+            (f"{v.worst_load:g}: " + signed_pct(v.worst_p90) + _range(v.worst_range))
+            if many
+            else signed_pct(v.worst_p90)
+        )
         rows.append(f"| {v.workload} | {v.gpu} | {v.mode} | {v.policy} | {top} | {at} | {wst} | {v.lost} | "
                     f"{'pass' if v.passed else 'fail'} |")  # fmt: skip
     pols = [p for p in POLICIES[1:] if any(v.policy == p for v in vs)]
@@ -127,7 +126,7 @@ def render(res: CacheEvalResult, es: CacheEvalSet, tuning: CacheEvalSet | None, 
         "",
         f"KV capacity per GPU = (GPU memory × {m.utilisation:g} − {m.weights_gb:g} GB of weights) ÷ "
         f"{res.bytes_per_block / 1e6:.1f} MB per 512-token block (Qwen3-30B-A3B, bf16): {caps} blocks. "
-        "Loads are relative to the pool's capacity with the hot prefixes priced in (vertumnus/sim/protocol.py).",
+        "Loads are relative to the pool's capacity with the hot prefixes priced in (vertumnus/eval/protocol.py).",
         "",
         f"Verdict (the issue's): ΔP90 ≤ −{100 * P90_GAIN:.0f}% against `norepl` at the highest load where `norepl` "
         f"meets the SLO target ({res.slo_target:g} token-weighted), ΔP90 ≤ +{100 * P90_SLACK:.0f}% at every load, "
@@ -161,7 +160,7 @@ def cache_section(jobs: int, log: Callable[[str], None], load_text: Callable[[],
     """Run the test set and render the section."""
     import time
 
-    from vertumnus.sim.cache_eval import evaluate_cache
+    from vertumnus.eval.cache_eval import evaluate_cache
     from vertumnus.sim.inputs import resolve
 
     es = load_cache_set(TEST_SET)

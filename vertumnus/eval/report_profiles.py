@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from vertumnus.cost_model import CostModel
-from vertumnus.sim.phase_stats import PhaseVerdict, phase_summaries, phase_verdicts
+from vertumnus.eval.phase_stats import PhaseVerdict, phase_summaries, phase_verdicts
 from vertumnus.sim.policies import BASELINES
 
 if TYPE_CHECKING:
     from vertumnus.config import VertumnusConfig
-    from vertumnus.sim.report import PhaseExperiment, RateExperiment
+    from vertumnus.eval.report import PhaseExperiment, RateExperiment
 
 SECOND_CONFIG = "configs/sim-40gpu-aic.yaml"
 TABLE_LENGTHS = (1024, 4096, 8192, 16384, 32768, 65536, 131072, 262144)

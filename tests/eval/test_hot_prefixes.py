@@ -9,20 +9,20 @@ from collections import Counter
 
 import pytest
 
-from vertumnus.sim.cache_eval import load_cache_set
-from vertumnus.sim.inputs import load_cost, load_sim_config
-from vertumnus.sim.kv_capacity import kv_blocks_per_gpu
-from vertumnus.sim.protocol import (
+from vertumnus.eval.cache_eval import load_cache_set
+from vertumnus.eval.kv_capacity import kv_blocks_per_gpu
+from vertumnus.eval.load_patterns import LoadPhase
+from vertumnus.eval.protocol import (
     HOT_ID_BASE,
     TRACE_NAMESPACE_BITS,
     HotPrefixes,
-    LoadPhase,
     generate,
     generate_records,
     hot_work,
     make_pool,
 )
-from vertumnus.sim.report import splice
+from vertumnus.eval.report import splice
+from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.workload import TraceRecord
 
 CFG = load_sim_config(None)
@@ -160,8 +160,8 @@ def test_queue_aware_fetches_in_the_simulator_and_loses_nothing() -> None:
 
 def test_cache_ablation_runs_every_policy_and_mode_and_renders_its_section(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from vertumnus.config import REPO_ROOT
-    from vertumnus.sim.cache_eval import evaluate_cache, verdicts
-    from vertumnus.sim.cache_report import render
+    from vertumnus.eval.cache_eval import evaluate_cache, verdicts
+    from vertumnus.eval.cache_report import render
 
     trace = REPO_ROOT.parent / "shared" / "traces" / "conversation_first15min.jsonl"
     spec = tmp_path / "tiny.yaml"
@@ -202,7 +202,7 @@ def test_bad_cache_set_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-un
 
 
 def test_replicates_run_every_policy_on_the_same_streams_and_report_their_means() -> None:
-    from vertumnus.sim.cache_eval import CacheEvalResult, CacheTask, replicate_seed, verdicts
+    from vertumnus.eval.cache_eval import CacheEvalResult, CacheTask, replicate_seed, verdicts
 
     assert replicate_seed(3001, 0) == 3001 and replicate_seed(3001, 2) == 3001002
     res = CacheEvalResult("s", "c", "calibrated", {"G": 10}, 1, 0.9)

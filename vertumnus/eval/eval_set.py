@@ -10,12 +10,12 @@ Schema::
     replicates: 3                 # optional (default 1): independent request streams per workload, see below
     workloads:
       - {name: alt-a, pattern: alternating, seed: 1001, traces: [conversation], start: 6xCP4+2xCP8,
-         params: {...},           # params: see vertumnus.sim.protocol (one model per pattern)
+         params: {...},           # params: see vertumnus.eval.protocol (one model per pattern)
          hot_prefixes: {count: 16, min_tokens: 2048, max_tokens: 8192, share: 0.6, zipf: 1.0}}  # optional
 
 Replicates: with ``replicates: R`` every run (the policy and each fixed composition) is repeated on R independent
 request streams of the workload (seeds: the workload's own, then seed·1000+k), all policies on the same streams;
-the evaluation's figures are the means over them (:func:`vertumnus.sim.evaluate.mean_digest`). One stream decides a
+the evaluation's figures are the means over them (:func:`vertumnus.eval.evaluate.mean_digest`). One stream decides a
 controller threshold by noise: on the tuning set the geometric-mean ratio to the best fixed composition moved by
 1–3% from one stream to the next, as much as the settings being compared differed.
 
@@ -33,8 +33,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from vertumnus.config import VertumnusConfig
 from vertumnus.cost_model import CostModel
+from vertumnus.eval.load_patterns import LoadPhase, build_phases
+from vertumnus.eval.protocol import Generated, HotPrefixes, generate, load_pool, replicate_seed
 from vertumnus.sim.inputs import resolve
-from vertumnus.sim.protocol import Generated, HotPrefixes, LoadPhase, build_phases, generate, load_pool, replicate_seed
 
 _M = TypeVar("_M", bound=BaseModel)
 

@@ -17,20 +17,9 @@ from typing import Any
 
 from vertumnus.config import ControllerConfig, PredictiveConfig, RulesConfig, VertumnusConfig, whole_windows
 from vertumnus.config.renamed import RENAMED
-from vertumnus.sim.evaluate import (
-    EvalResult,
-    Overrides,
-    Task,
-    apply_overrides,
-    assemble,
-    fixed_tasks,
-    merge_replicates,
-    plan,
-    policy_tasks,
-    run_clairvoyant,
-    run_prescient,
-    run_tasks,
-)
+from vertumnus.eval.evaluate import assemble, run_clairvoyant, run_prescient
+from vertumnus.eval.tasks import Task, apply_overrides, fixed_tasks, merge_replicates, plan, policy_tasks, run_tasks
+from vertumnus.eval.verdict import EvalResult, Overrides
 
 # Not thresholds of the decision: the long-request class defines the workload, switch_s prices a simulated
 # hardware time until it is observed.

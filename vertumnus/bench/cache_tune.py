@@ -4,7 +4,7 @@ Runs ``norepl`` once per point and ``queue_aware`` once per value of one ``cache
 the issue's verdict per (workload, KV size, mode): ΔP90 at the highest load where ``norepl`` meets the SLO, the
 worst ΔP90 over all loads, and the pass count. Example::
 
-    .venv/bin/python benchmarks/cache_tune.py --key cache.copy_gain_s --values 0.02,0.05,0.1 --jobs 2
+    .venv/bin/python -m vertumnus.bench.cache_tune --key cache.copy_gain_s --values 0.02,0.05,0.1 --jobs 2
 """
 
 from __future__ import annotations
@@ -13,33 +13,24 @@ import argparse
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, replace
 from typing import Any
 
-from vertumnus.sim.cache_eval import (
-    METRICS,
+from vertumnus.eval.cache_eval import (
     CacheEvalResult,
     CacheTask,
-    _context,
-    _requests,
-    run_config,
+    cache_context,
+    run_task,
     verdicts,
 )
-from vertumnus.sim.cache_report import CONFIG, TUNING_SET
-from vertumnus.sim.runner import run_policy
+from vertumnus.eval.cache_report import CONFIG, TUNING_SET
+from vertumnus.eval.fmt import signed_pct
+from vertumnus.eval.parallel import run_parallel
 
 
-def _run(task: CacheTask, key: str | None, value: float | None) -> dict[str, Any]:
-    es, cfg, cost = _context(task.set_path, task.config)
-    gen = _requests(task.set_path, task.config, task.workload, task.load, task.replicate)
-    run_cfg = run_config(es, cfg, task)
-    if key is not None and task.policy != "norepl":
-        section, name = key.split(".", 1)
-        sub = getattr(run_cfg, section)
-        setattr(sub, name, type(getattr(sub, name))(value))
-    s = run_policy(gen.requests, run_cfg, cost, "vertumnus").summary
-    return {k: s.get(k) for k in METRICS}
+def _run(job: tuple[CacheTask, str | None, float | None]) -> dict[str, Any]:
+    task, key, value = job
+    return run_task(task, key, value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         print("refusing to tune on a test set", file=sys.stderr)
         return 2
     values: list[float | None] = [float(v) for v in a.values.split(",") if v] if a.key else [None]
-    es, cfg, cost = _context(a.set, a.config)
+    es, cfg, cost = cache_context(a.set, a.config)
     reps = range(a.replicates or es.replicates)
     # stream-major (workload, load, replicate) so consecutive runs share _requests' cached stream
     points = [(w.name, gpu, load, mode, k) for w in es.workloads for load in es.loads for k in reps
@@ -67,10 +58,8 @@ def main(argv: list[str] | None = None) -> int:
              for v in values for (w, g, x, m, k) in points]  # fmt: skip
     out: dict[tuple[CacheTask, float | None], dict[str, Any]] = {}
     t0 = time.time()
-    with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as ex:
-        futs = {ex.submit(_run, t, k, v): (t, v) for (t, k, v) in jobs}
-        for f in as_completed(futs):
-            out[futs[f]] = f.result()
+    for (t, _, v), r in zip(jobs, run_parallel(jobs, _run, a.jobs), strict=True):
+        out[(t, v)] = r
     if a.dump:
         with open(a.dump, "w") as fh:
             json.dump([{"task": asdict(t), "value": v, "summary": r} for (t, v), r in out.items()], fh)
@@ -86,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         vs = [x for x in verdicts(res, es.loads, [w.name for w in es.workloads]) if x.policy == "queue_aware"]
         print(f"== {a.key or 'as configured'} = {v}: pass {sum(x.passed for x in vs)}/{len(vs)}")
         for x in vs:
-            at = "n/a" if x.p90_at_slo_load is None else f"{100 * x.p90_at_slo_load:+.1f}%"
+            at = signed_pct(x.p90_at_slo_load)
             print(
                 f"  {x.workload:15s} {x.gpu:11s} {x.mode:10s} top {x.slo_load}  dP90 {at:>7s}  "
-                f"worst {100 * x.worst_p90:+.1f}%  lost {x.lost}  {'pass' if x.passed else 'FAIL'}"
+                f"worst {signed_pct(x.worst_p90)}  lost {x.lost}  {'pass' if x.passed else 'FAIL'}"
             )
     print(f"({len(jobs)} runs, {time.time() - t0:.0f} s)")
     return 0

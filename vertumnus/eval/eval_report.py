@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vertumnus.sim.evaluate import MEAN_VS_BEST, MEAN_VS_START, EvalResult, WorkloadResult
-from vertumnus.sim.fixed_pick import Standing, TuningPick, result_standings, standings_json, stream_ratios_to
+from vertumnus.eval.fixed_pick import Standing, TuningPick, result_standings, standings_json, stream_ratios_to
+from vertumnus.eval.fmt import num3, share
+from vertumnus.eval.verdict import MEAN_VS_BEST, MEAN_VS_START, EvalResult, WorkloadResult
 
 FLAG_TITLES = {
     "mean<=best": f"mean ≤ {MEAN_VS_BEST:.2f}× best",
@@ -22,18 +23,6 @@ FLAG_TITLES = {
 HEAD = ("workload", "start", "mean", "reconf.", "best fixed", "÷best", "÷best per stream", "start fixed", "÷start",
         "oracle", "÷oracle", "prescient ÷best", "clairvoyant ÷best", "P90 / best's", "SLO att. / best's", "lost",
         "done")  # fmt: skip
-
-
-def _s(x: float | None) -> str:
-    return "–" if x is None or not math.isfinite(x) else f"{x:.3f}"
-
-
-def _r(x: float) -> str:
-    return "–" if not math.isfinite(x) else f"{x:.3f}"
-
-
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{x:.1%}"
 
 
 def _done(w: WorkloadResult) -> str:
@@ -51,7 +40,7 @@ def stream_range(ratios: Sequence[float]) -> str:
     """``lo–hi`` of per-stream ratios ("–" with fewer than two streams)."""
     if len(ratios) < 2:
         return "–"
-    return f"{_r(min(ratios))}–{_r(max(ratios))}"
+    return f"{num3(min(ratios))}–{num3(max(ratios))}"
 
 
 def row(w: WorkloadResult) -> list[str]:
@@ -59,11 +48,11 @@ def row(w: WorkloadResult) -> list[str]:
     v, p = w.verdict, w.policy
     best = w.fixed[v.best_fixed]
     return [
-        w.name, w.start, _s(p.mean), _count(p.summary.get("reconfigurations") or 0),
-        f"{v.best_fixed} {_s(v.best_mean)}", _r(v.ratio_best), stream_range(v.stream_ratios),
-        _s(v.start_mean), _r(v.ratio_start), _s(v.oracle_mean), _r(v.ratio_oracle), _r(v.prescient_ratio),
-        _r(v.clairvoyant_ratio),
-        f"{_s(p.p90)} / {_s(best.p90)}", f"{_pct(p.slo)} / {_pct(best.slo)}", str(p.lost), _done(w),
+        w.name, w.start, num3(p.mean), _count(p.summary.get("reconfigurations") or 0),
+        f"{v.best_fixed} {num3(v.best_mean)}", num3(v.ratio_best), stream_range(v.stream_ratios),
+        num3(v.start_mean), num3(v.ratio_start), num3(v.oracle_mean), num3(v.ratio_oracle), num3(v.prescient_ratio),
+        num3(v.clairvoyant_ratio),
+        f"{num3(p.p90)} / {num3(best.p90)}", f"{share(p.slo)} / {share(best.slo)}", str(p.lost), _done(w),
     ]  # fmt: skip
 
 
@@ -71,11 +60,11 @@ def verdict_line(res: EvalResult) -> str:
     """One sentence: how many workloads meet every criterion, geometric-mean ratios."""
     n = len(res.workloads)
     per = res.stream_geomeans()
-    spread = f" (per request stream: {' / '.join(_r(g) for g in per)})" if len(per) > 1 else ""
+    spread = f" (per request stream: {' / '.join(num3(g) for g in per)})" if len(per) > 1 else ""
     return (
         f"{res.passed}/{n} workloads meet every criterion; geometric mean over the workloads of mean TTFT ÷ best "
-        f"fixed {_r(res.geomean('ratio_best'))}{spread}, ÷ start held fixed {_r(res.geomean('ratio_start'))}, "
-        f"÷ per-phase oracle {_r(res.geomean('ratio_oracle'))}."
+        f"fixed {num3(res.geomean('ratio_best'))}{spread}, ÷ start held fixed {num3(res.geomean('ratio_start'))}, "
+        f"÷ per-phase oracle {num3(res.geomean('ratio_oracle'))}."
         + _prescient_text(res)
         + _clairvoyant_text(res)
         + (f" Every figure is the mean over {res.replicates} request streams per run." if res.replicates > 1 else "")
@@ -97,12 +86,12 @@ def markdown_controllers(rows: Sequence[tuple[str, EvalResult]]) -> str:
     for label, res in rows:
         worst = max(res.workloads, key=lambda w: w.verdict.ratio_best)
         per = res.stream_geomeans()
-        spread = f" ({' / '.join(_r(g) for g in per)})" if len(per) > 1 else ""
+        spread = f" ({' / '.join(num3(g) for g in per)})" if len(per) > 1 else ""
         moves = sum(float(w.policy.summary.get("reconfigurations") or 0) for w in res.workloads) / len(res.workloads)
         lines.append(
-            f"| {label} | {res.passed}/{len(res.workloads)} | {_r(res.geomean('ratio_best'))}{spread} | "
-            f"{_r(worst.verdict.ratio_best)} ({worst.name}) | {_r(res.geomean('ratio_start'))} | "
-            f"{_r(res.geomean('ratio_oracle'))} | {moves:.1f} | {sum(w.policy.lost for w in res.workloads)} |"
+            f"| {label} | {res.passed}/{len(res.workloads)} | {num3(res.geomean('ratio_best'))}{spread} | "
+            f"{num3(worst.verdict.ratio_best)} ({worst.name}) | {num3(res.geomean('ratio_start'))} | "
+            f"{num3(res.geomean('ratio_oracle'))} | {moves:.1f} | {sum(w.policy.lost for w in res.workloads)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -112,15 +101,15 @@ def markdown_fixed(res: EvalResult) -> str:
     comps = list(res.workloads[0].fixed) if res.workloads else []
     lines = ["| workload | " + " | ".join([res.policy, *comps]) + " |", "|---|" + "---:|" * (len(comps) + 1)]
     for w in res.workloads:
-        cells = [_s(w.policy.mean)] + [
-            ("**" + _s(w.fixed[c].mean) + "**") if c == w.verdict.best_fixed else _s(w.fixed[c].mean) for c in comps
+        cells = [num3(w.policy.mean)] + [
+            ("**" + num3(w.fixed[c].mean) + "**") if c == w.verdict.best_fixed else num3(w.fixed[c].mean) for c in comps
         ]
         lines.append(f"| {w.name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def markdown_standings(res: EvalResult, tuned: TuningPick | None = None) -> str:
-    """The policy and every fixed composition across the workloads (:mod:`vertumnus.sim.fixed_pick`), and — with
+    """The policy and every fixed composition across the workloads (:mod:`vertumnus.eval.fixed_pick`), and — with
     ``tuned`` — the policy against the fixed composition a search on the tuning set picks."""
     rows = result_standings(res)
     lines = ["| across the workloads | geomean ÷ best fixed | worst ÷ best fixed (workload) | at or below best fixed |",
@@ -129,7 +118,7 @@ def markdown_standings(res: EvalResult, tuned: TuningPick | None = None) -> str:
         name = _standing_name(s, tuned)
         name = f"**{name}**" if s.name == res.policy else name
         lines.append(
-            f"| {name} | {_r(s.geomean)} | {_r(s.worst)} ({s.worst_workload}) | {s.at_best}/{len(res.workloads)} |"
+            f"| {name} | {num3(s.geomean)} | {num3(s.worst)} ({s.worst_workload}) | {s.at_best}/{len(res.workloads)} |"
         )
     out = "\n".join(lines) + "\n"
     if tuned is not None:
@@ -149,7 +138,7 @@ def _pick_text(res: EvalResult, rows: Sequence[Standing], tuned: TuningPick) -> 
 
 def tuned_text(policy: Standing, fixed: Standing, tuned: TuningPick, per_stream: Sequence[float] = ()) -> str:
     """The policy against the tuning set's fixed pick, on this (test) set; ``per_stream``: the policy's mean TTFT
-    ÷ the pick's per request stream (:func:`~vertumnus.sim.fixed_pick.stream_ratios_to`), shown from two on."""
+    ÷ the pick's per request stream (:func:`~vertumnus.eval.fixed_pick.stream_ratios_to`), shown from two on."""
     c = tuned.chosen
     if policy.beats(fixed):
         verdict = "lower on both: adaptivity pays against it here"
@@ -160,9 +149,10 @@ def tuned_text(policy: Standing, fixed: Standing, tuned: TuningPick, per_stream:
         verdict = "lower on neither: adaptivity does not pay against it here"
     return (
         f"The fixed composition a search on the tuning set picks (`{tuned.set_source}`: lowest geometric mean of "
-        f"mean TTFT ÷ best fixed over its workloads, {_r(c.geomean)}, worst {_r(c.worst)}) is {c.name}; on these "
-        f"workloads it stands at {_r(fixed.geomean)} (worst {_r(fixed.worst)}), {policy.name} at "
-        f"{_r(policy.geomean)} (worst {_r(policy.worst)}) — {verdict}." + _streams_text(policy.name, c.name, per_stream)
+        f"mean TTFT ÷ best fixed over its workloads, {num3(c.geomean)}, worst {num3(c.worst)}) is {c.name}; on these "
+        f"workloads it stands at {num3(fixed.geomean)} (worst {num3(fixed.worst)}), {policy.name} at "
+        f"{num3(policy.geomean)} (worst {num3(policy.worst)}) — {verdict}."
+        + _streams_text(policy.name, c.name, per_stream)
     )
 
 
@@ -172,7 +162,7 @@ def _streams_text(policy: str, fixed: str, per_stream: Sequence[float]) -> str:
     lower = sum(r < 1 for r in per_stream)
     return (
         f" Paired per request stream, the geometric mean over these workloads of {policy}'s mean TTFT ÷ "
-        f"{fixed}'s is {' / '.join(_r(r) for r in per_stream)} (below 1 on {lower} of {len(per_stream)} streams)."
+        f"{fixed}'s is {' / '.join(num3(r) for r in per_stream)} (below 1 on {lower} of {len(per_stream)} streams)."
     )
 
 
@@ -208,7 +198,8 @@ def markdown_phases(w: WorkloadResult, policy: str) -> str:
         p90 = w.policy.phases[ph.phase].get("p90_ttft_s")
         lines.append(
             f"| {ph.phase} {ph.label} | {lay['start_s']:.0f}–{lay['end_s']:.0f} | {load} | {ls} | {rps} | "
-            f"{ph.requests} | {_s(ph.policy_mean)} | {_s(p90)} | {ph.best} {_s(ph.best_mean)} | {_r(ph.ratio)} |"
+            f"{ph.requests} | {num3(ph.policy_mean)} | {num3(p90)} | {ph.best} {num3(ph.best_mean)} | "
+            f"{num3(ph.ratio)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -258,7 +249,7 @@ def print_table(res: EvalResult, tuned: TuningPick | None = None) -> None:
     for s in rows:
         n = len(res.workloads)
         across.add_row(
-            _standing_name(s, tuned), _r(s.geomean), f"{_r(s.worst)} ({s.worst_workload})", f"{s.at_best}/{n}"
+            _standing_name(s, tuned), num3(s.geomean), f"{num3(s.worst)} ({s.worst_workload})", f"{s.at_best}/{n}"
         )
     console.print(across)
     if tuned is not None:
@@ -325,12 +316,12 @@ def columns_text(policy: str) -> str:
 
 
 def sensitivity_table(points: Sequence[dict[str, Any]]) -> str:
-    """Markdown table of a sweep's points (see :mod:`vertumnus.sim.sensitivity`)."""
+    """Markdown table of a sweep's points (see :mod:`vertumnus.eval.sensitivity`)."""
     lines = ["| key | value | geomean ÷best | geomean ÷start | workloads done |", "|---|---:|---:|---:|---:|"]
     for p in points:
         mark = " (config)" if p.get("is_base") else ""
         note = f" ({p['note']})" if p.get("note") else ""
-        lines.append(f"| {p['key']} | {p['value']}{mark} | {_r(p.get('ratio_best') or math.inf)} | "
-                     f"{_r(p.get('ratio_start') or math.inf)} | {p.get('passed', '–')}/{p.get('workloads', '–')}"
+        lines.append(f"| {p['key']} | {p['value']}{mark} | {num3(p.get('ratio_best') or math.inf)} | "
+                     f"{num3(p.get('ratio_start') or math.inf)} | {p.get('passed', '–')}/{p.get('workloads', '–')}"
                      f"{note} |")  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -5,9 +5,9 @@
   128K-token (256-block) prompt whose first half is a cached document — trie match, placement cost over all
   workers, reservation, access / missed statistics, reconcile check, pin — then completes it (untimed).
 - ``replay``: a Mooncake trace through the whole control plane (submit, completions, cache reports, windows,
-  scans, reconfigurations) on 40 GPUs of CP4 / CP8 over :class:`~vertumnus.instant_plane.InstantPlane`,
+  scans, reconfigurations) on 40 GPUs of CP4 / CP8 over :class:`~vertumnus.engines.sim.instant.InstantDataPlane`,
   one thread; requests per wall-clock second of the event loop (trace loading excluded).
-- ``scan_ms`` / ``bytes_per_trie_node``: the cache manager's own measurements (:mod:`vertumnus.cache.bench`).
+- ``scan_ms`` / ``bytes_per_trie_node``: the cache manager's own measurements (:mod:`vertumnus.bench.trie`).
 
 Figures depend on the machine; the CLI prints them, tests never assert on them.
 """
@@ -26,8 +26,11 @@ import numpy as np
 from vertumnus.cache.block_keys import keys_from_hash_ids
 from vertumnus.config import REPO_ROOT, VertumnusConfig, config_from_dict, format_composition
 from vertumnus.controller.initial import TRACE_BLOCK_TOKENS, read_trace_lengths
+from vertumnus.controller.predictive import Verdict
 from vertumnus.cost_model import CostModel
-from vertumnus.instant_plane import EventHeap, InstantPlane
+from vertumnus.engines.sim.events import EventKind, EventLoop
+from vertumnus.engines.sim.instant import InstantDataPlane, on_event_loop
+from vertumnus.interfaces import PrefillJob
 from vertumnus.pool import PrefillPool
 from vertumnus.types import CacheReport, CacheReportKind, PrefillResult, Request
 
@@ -155,6 +158,11 @@ def load_trace_requests(path: str | Path) -> list[Request]:
     return [Request(f"t{i}", float(ts[i]) - t0, int(lens[i]), keys[i]) for i in range(len(lens))]
 
 
+def _predicted_s(job: PrefillJob) -> float:
+    """A replayed prefill takes exactly what the scheduler predicted for it."""
+    return job.placement.predicted_s
+
+
 def measure_replay(
     cost: CostModel, trace: str | Path = DEFAULT_TRACE, switch_s: float = 0.8, cfg: VertumnusConfig | None = None
 ) -> ReplayFigures:
@@ -167,8 +175,9 @@ def measure_replay(
     if cfg is None:
         cfg = _bench_config(5, None, controller=True)
         cfg.pool.history_trace = str(p)
-    heap = EventHeap()
-    plane = InstantPlane(heap, switch_s)
+    heap = EventLoop()
+    plane = InstantDataPlane(heap.clock, cfg.pool.gpus_per_node, schedule=on_event_loop(heap),
+                             prefill_s=_predicted_s, switch_s=switch_s)  # fmt: skip
     pool = PrefillPool(cfg, cost, plane, heap.clock)
     pool.start()
     start_comp = format_composition(pool.lattice.composition())
@@ -189,7 +198,7 @@ def measure_replay(
         pool.submit(req)
         nxt = next(arrivals, None)
         if nxt is not None:
-            heap.push(nxt.arrival_s, 2, arrive, nxt)
+            heap.push(nxt.arrival_s, EventKind.ARRIVAL, arrive, nxt)
 
     timer_at = [float("inf")]
 
@@ -198,7 +207,7 @@ def measure_replay(
         timer_at[0] = float("inf")
 
     first = next(arrivals)
-    heap.push(first.arrival_s, 2, arrive, first)
+    heap.push(first.arrival_s, EventKind.ARRIVAL, arrive, first)
     horizon = requests[-1].arrival_s + 3600.0  # guard: never spin on timers for requests that cannot finish
     gc.collect()
     c0 = time.process_time()
@@ -207,9 +216,9 @@ def measure_replay(
         nt = pool.next_timer()
         pending = len(requests) - plane.completed
         if nt < timer_at[0] and pending > 0 and nt < horizon:
-            timer_at[0] = nt
-            heap.push(nt, 1, timer)
-        if not heap.pop():
+            timer_at[0] = nt = max(nt, heap.now)
+            heap.push(nt, EventKind.TIMER, timer)
+        if not heap.step():
             break
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
@@ -234,7 +243,7 @@ class DecisionFigures:
 
 def _decision_times(
     cost: CostModel, policy: str, comp: str, nodes: int, rate_rps: float, windows: int
-) -> tuple[list[float], PrefillPool]:
+) -> tuple[list[float], PrefillPool, Verdict | None]:
     cfg = _bench_config(nodes, comp, controller=True)
     cc = cfg.controller
     cc.policy = policy  # type: ignore[assignment]
@@ -256,34 +265,40 @@ def _decision_times(
         keys = keys_from_hash_ids([10**9 + k * 200 + b for b in range(rng.randint(2, 128))])
         pool.submit(Request(f"d{k}", clock[0], len(keys) * TRACE_BLOCK_TOKENS, keys))
     ctl = pool.controller
-    ctl.persist_split = 10**9  # no split starts either: each window decides anew
+    # The predictive verdict is computed but never acted on (taken as a deferred decision, then abandoned), so no
+    # operation starts: each window decides anew on the same pool.
+    ctl.defer_decisions = True
+    verdict: Verdict | None = None
     times: list[float] = []
     for w in range(windows + 1):  # window 0 warms up (first calls into numpy paths), not timed
         clock[0] = t0 + w * cc.window_s
         ctl.timers.next_window_end = clock[0]
         c0 = time.thread_time()
         ctl.end_window(clock[0], lambda wid: pool.scheduler.queue_s(wid, clock[0]))
+        if (job := ctl.take_pending()) is not None:
+            verdict = ctl.decide(job)
+            ctl.abandon(job)
         if w:
             times.append((time.thread_time() - c0) * 1000.0)
         # the same forecast every window: shift the logged arrivals with the clock
         if ctl.predictive is not None:
             log = ctl.predictive.log
             log.entries = type(log.entries)((t + cc.window_s, n_, p) for t, n_, p in log.entries)
-    return times, pool
+    return times, pool, verdict
 
 
 def measure_decision(cost: CostModel, workers: int = 64, rate_rps: float = 60.0, windows: int = 20) -> DecisionFigures:
     """Controller decision time (thread CPU) per window end on ``workers`` workers (half CP8, half CP4),
     rules and predictive, with ``rate_rps`` arrivals per second of 1K–64K tokens in the forecast span, every
-    one of them still queued. Persistence is out of reach, so no operation starts: each window decides anew."""
+    one of them still queued. No operation starts (rules: persistence out of reach; predictive: the verdict is
+    computed, not acted on): each window decides anew."""
     n8 = workers // 2
     n4 = workers - n8
     if n4 % 2:
         n8, n4 = n8 + 1, n4 - 1
     comp = format_composition({8: n8, 4: n4})
-    rules, _ = _decision_times(cost, "rules", comp, n8 + n4 // 2, rate_rps, windows)
-    pred, pool = _decision_times(cost, "predictive", comp, n8 + n4 // 2, rate_rps, windows)
-    d = pool.controller.last_decision
+    rules, _, _ = _decision_times(cost, "rules", comp, n8 + n4 // 2, rate_rps, windows)
+    pred, pool, d = _decision_times(cost, "predictive", comp, n8 + n4 // 2, rate_rps, windows)
     log = pool.controller.predictive.log.entries if pool.controller.predictive else ()
     return DecisionFigures(
         workers, len(log), len(pool.scheduler.tickets), float(np.median(rules)),

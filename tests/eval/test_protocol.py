@@ -9,18 +9,17 @@ import numpy as np
 import pytest
 
 from vertumnus.config import REPO_ROOT
-from vertumnus.sim.eval_set import load_eval_set
-from vertumnus.sim.inputs import load_cost, load_sim_config
-from vertumnus.sim.protocol import (
+from vertumnus.eval.eval_set import load_eval_set
+from vertumnus.eval.load_patterns import LoadPhase, build_phases
+from vertumnus.eval.protocol import (
     FRESH_ID_BASE,
     TRACE_NAMESPACE_BITS,
-    LoadPhase,
-    build_phases,
     generate,
     generate_records,
     make_pool,
     slice_records,
 )
+from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.workload import TraceRecord, read_trace
 
 CFG = load_sim_config(None)
