@@ -55,15 +55,15 @@ test: setup
 results: setup
 	$(BIN)/python -m vertumnus.eval.report --out docs/results.md --jobs $(or $(JOBS),1)
 
-# Out-of-sample test set (issue 16): Vertumnus against every fixed composition; JOBS=N runs N simulations at once.
+# Out-of-sample test set: Vertumnus against every fixed composition; JOBS=N runs N simulations at once.
 evaluate: setup
 	$(BIN)/vertumnus evaluate --set configs/eval/test.yaml --tuning-set configs/eval/tuning.yaml --config configs/sim-40gpu.yaml --jobs $(or $(JOBS),1) --out runs/evaluate
 
-# Cache-manager ablation on the hot-prefix test set only (issue 17): rewrites its section of docs/results.md.
+# Cache-manager ablation on the hot-prefix test set only: rewrites its section of docs/results.md.
 cache-ablation: setup
 	$(BIN)/python -m vertumnus.eval.report --out docs/results.md --only cache-ablation --jobs $(or $(JOBS),1)
 
-# Out-of-sample test set under both profiles only (issue 16): rewrites its section of docs/results.md.
+# Out-of-sample test set under both profiles only: rewrites its section of docs/results.md.
 results-oos: setup
 	$(BIN)/python -m vertumnus.eval.report --out docs/results.md --only out-of-sample --jobs $(or $(JOBS),1)
 

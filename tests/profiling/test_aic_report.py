@@ -32,7 +32,7 @@ def test_curves_section_labels_and_plot(tmp_path: Path) -> None:
     md = curves_section(_runs(), tmp_path / "img", tmp_path)
     assert "| calibrated | `configs/profiles/qwen3-30b-a3b-h200.yaml` | **calibrated** |" in md
     assert "| AIConfigurator | `configs/profiles/qwen3-30b-a3b-h200-aic.yaml` | **modelled** |" in md
-    # E_C(64K, 0) in ms, C=1..8, calibrated then AIC: the anchors (5,000 / 1,845 / 1,279 calibrated).
+    # E_C(64K, 0) in ms, C=1..8, calibrated then AIC: the calibration's anchors (5,000 / 1,845 / 1,279 calibrated).
     row = next(ln for ln in md.splitlines() if ln.startswith("| 65,536 |"))
     assert row.split(" | ")[1::2] == ["5,000", "2,857", "1,845", "1,279"]
     assert "| calibrated | 3.50 | 3.50 | 3.50 | 3.50 | assumed (70% busy) |" in md

@@ -141,7 +141,7 @@ def test_refit_keeps_the_modelled_labels(
 
 
 def test_vllm_tp1_matches_the_issue_table() -> None:
-    # Issue 12's table: AIC vLLM TP1 of Qwen3-30B-A3B bf16 on one H200 — 28 ms at 1K, 138 at 8K, 3,364 at 64K.
+    # Reference table: AIC vLLM TP1 of Qwen3-30B-A3B bf16 on one H200 — 28 ms at 1K, 138 at 8K, 3,364 at 64K.
     target = AicTarget(AicSpec(MODEL, "h200_sxm", "vllm"))
     assert target.version == "0.24.0"
     target.setup(1)

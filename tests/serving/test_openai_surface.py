@@ -1,4 +1,4 @@
-"""The OpenAI / vLLM surface against third-party clients (issue 13, items 3-7) on the shared server.
+"""The OpenAI / vLLM surface against third-party clients on the shared server.
 
 Each test makes the state it needs with the data-plane hooks (a prefill held at its start is a request the
 server has accepted whose first token does not exist yet) and names its requests with ``X-Request-Id`` so the

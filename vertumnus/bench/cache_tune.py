@@ -1,7 +1,7 @@
 """Tune the queue_aware replication policy on the cache ablation's TUNING set (never the test set).
 
 Runs ``norepl`` once per point and ``queue_aware`` once per value of one ``cache.*`` key, then prints, per value,
-the issue's verdict per (workload, KV size, mode): ΔP90 at the highest load where ``norepl`` meets the SLO, the
+the ablation's verdict per (workload, KV size, mode): ΔP90 at the highest load where ``norepl`` meets the SLO, the
 worst ΔP90 over all loads, and the pass count. Example::
 
     .venv/bin/python -m vertumnus.bench.cache_tune --key cache.copy_gain_s --values 0.02,0.05,0.1 --jobs 2

@@ -245,7 +245,7 @@ def evaluate_cache(
 # -- verdicts ------------------------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class CacheVerdict:
-    """One replication policy against ``norepl`` on one (workload, KV size, mode): the issue's P90 criterion."""
+    """One replication policy against ``norepl`` on one (workload, KV size, mode): the ablation's P90 criterion."""
 
     workload: str
     gpu: str

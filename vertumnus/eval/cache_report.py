@@ -106,7 +106,7 @@ def render(res: CacheEvalResult, es: CacheEvalSet, tuning: CacheEvalSet | None, 
     tally = "; ".join(f"`{p}` {a} of {n}" for p, (a, n) in counts.items())
     out = [
         f"<!-- section:{SECTION} -->",
-        "## Cache-manager ablation out of sample: hot prefixes under KV pressure (issue 17)",
+        "## Cache-manager ablation out of sample: hot prefixes under KV pressure",
         "",
         f"Test set `{es.source}` ({es.description}); the replication policy's parameters were chosen on the "
         f"tuning set `{tuning.source if tuning else TUNING_SET}` "
@@ -128,7 +128,7 @@ def render(res: CacheEvalResult, es: CacheEvalSet, tuning: CacheEvalSet | None, 
         f"{res.bytes_per_block / 1e6:.1f} MB per 512-token block (Qwen3-30B-A3B, bf16): {caps} blocks. "
         "Loads are relative to the pool's capacity with the hot prefixes priced in (vertumnus/eval/protocol.py).",
         "",
-        f"Verdict (the issue's): ΔP90 ≤ −{100 * P90_GAIN:.0f}% against `norepl` at the highest load where `norepl` "
+        f"Verdict: ΔP90 ≤ −{100 * P90_GAIN:.0f}% against `norepl` at the highest load where `norepl` "
         f"meets the SLO target ({res.slo_target:g} token-weighted), ΔP90 ≤ +{100 * P90_SLACK:.0f}% at every load, "
         f"no request lost. Pass (workload × KV size × mode): **{tally}**.",
         "",

@@ -291,7 +291,7 @@ def img_link(path: Path, md_dir: Path, alt: str) -> str:
 
 def criteria_text() -> str:
     return (
-        f"Done when (issue 16), per workload: whole-run mean TTFT ≤ {MEAN_VS_BEST:.2f}× the best fixed composition "
+        f"Done when, per workload: whole-run mean TTFT ≤ {MEAN_VS_BEST:.2f}× the best fixed composition "
         f"in hindsight and ≤ {MEAN_VS_START:.2f}× the start composition held fixed, P90 TTFT ≤ and token-weighted "
         "SLO attainment ≥ the best fixed composition's, zero requests lost."
     )

@@ -143,7 +143,7 @@ def results_section(
     sweep_keys: Sequence[str] | None = None,
     policy: str = "vertumnus",
     log: Callable[[str], None] = _stderr,
-    heading: str = "## Out-of-sample evaluation (issue 16)",
+    heading: str = "## Out-of-sample evaluation",
 ) -> str:
     """Markdown of the test-set evaluation under each profile plus the sensitivity plot (see module docstring)."""
     t_all = time.perf_counter()

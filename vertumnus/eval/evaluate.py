@@ -17,7 +17,7 @@ routing and cache manager). From those per-run numbers (:func:`derive`):
   forecast replaced by the requests that will arrive — a reference, not a criterion: its ratio to the best fixed
   is what the controller still pays with a perfect forecast, and the policy's ratio to it what the forecast's
   error costs (run only for a policy whose config selects the predictive controller);
-- the issue's "done when" flags: mean ≤ 1.00× best fixed, ≤ 1.02× start held fixed, P90 ≤ best fixed's P90,
+- the "done when" flags: mean ≤ 1.00× best fixed, ≤ 1.02× start held fixed, P90 ≤ best fixed's P90,
   token-weighted SLO attainment ≥ best fixed's, zero lost requests (rejected + failed + unfinished).
 
 Runs are independent tasks (a process pool with ``jobs`` > 1); each task regenerates its workload from the set

@@ -13,7 +13,7 @@ Experiments (40 simulated GPUs, 5 nodes × 8, degrees 4 and 8, configs/sim-40gpu
 5. sections 1 and 2 again under the second cost profile (configs/sim-40gpu-aic.yaml: the same config with the
    AIConfigurator-modelled profile), side by side with the first, and the two profiles' E_C curves
    (:mod:`vertumnus.eval.report_profiles`);
-6. the out-of-sample test set (issue 16) under both profiles (:mod:`vertumnus.eval.eval_results`;
+6. the out-of-sample test set under both profiles (:mod:`vertumnus.eval.eval_results`;
    ``--only out-of-sample`` reruns just that section and rewrites it in place).
 
 Every figure in docs/results.md is computed here from the runs; nothing is typed in by hand.

@@ -64,5 +64,5 @@ LIMITS = """- Engines are idealised: a worker runs one prefill at a time for exa
   The predictive controller's margins and the cache's `fetch_max_queue_s` / `hot_min_blocks` were chosen on the
   out-of-sample tuning sets (`configs/eval/tuning.yaml`, `configs/eval/cache-tuning.yaml`); the rule
   controller's band (read only under `controller.policy: rules`) was chosen on the time-varying workload of §2,
-  in sample. Sections 1-3 and 7 are not out of sample: only the two issue sections below are.
+  in sample. Sections 1-3 and 7 are not out of sample: only the two out-of-sample sections below are.
 """
