@@ -32,28 +32,16 @@ import numpy as np
 
 from vertumnus.config import VertumnusConfig
 from vertumnus.cost_model import CostModel
-from vertumnus.scheduler.policy import PlacementCostPolicy, RoutingPolicy, WorkerView
+from vertumnus.scheduler.admission import RequestRejected, admission_check
+from vertumnus.scheduler.policy import PlacementCostPolicy, RoutingPolicy
 from vertumnus.scheduler.table import Ticket, WorkerInfo, WorkerTable
+from vertumnus.scheduler.views import choose as choose_by_views
 from vertumnus.types import FetchOffer, FetchPlan, Placement, PrefixMatch, Request, WorkerState
+
+__all__ = ["RequestRejected", "Scheduler"]
 
 # How a candidate's Ê was priced: its valid prefix only, a pending prefix reconciled first, or a fetched prefix.
 _HELD, _PENDING, _FETCHED = 0, 1, 2
-
-
-class RequestRejected(ValueError):
-    """A request no worker of this pool can ever serve.
-
-    ``reason``: ``"too_long"`` (``limit`` = max_model_len tokens), ``"no_capacity_fit"`` (``limit`` = the
-    largest worker KV capacity in blocks), ``"empty"`` (``limit`` = 1 token). ``needed``: the request's value
-    in the same unit.
-    """
-
-    def __init__(self, request_id: str, reason: str, limit: int, needed: int, message: str) -> None:
-        super().__init__(message)
-        self.request_id = request_id
-        self.reason = reason
-        self.limit = limit
-        self.needed = needed
 
 
 @dataclass(slots=True)
@@ -158,21 +146,7 @@ class Scheduler:
 
     def check_admissible(self, request: Request) -> None:
         """Raise :class:`RequestRejected` if no worker of this pool could ever serve the request."""
-        rid, n = request.request_id, request.input_len
-        if n < 1:
-            raise RequestRejected(rid, "empty", 1, n, f"request {rid!r} has no input tokens")
-        if n > self.max_model_len:
-            raise RequestRejected(
-                rid, "too_long", self.max_model_len, n,
-                f"request {rid!r} has {n} input tokens, more than max_model_len={self.max_model_len}",
-            )  # fmt: skip
-        need = self.blocks_needed(request)
-        if need > self._max_capacity:
-            raise RequestRejected(
-                rid, "no_capacity_fit", self._max_capacity, need,
-                f"request {rid!r} needs {need} KV blocks of {self.block_tokens} tokens; the largest worker "
-                f"holds {self._max_capacity}",
-            )  # fmt: skip
+        admission_check(request, self.max_model_len, self._max_capacity, self.block_tokens)
 
     def place(self, request: Request, match: PrefixMatch, now: float, first: bool = True) -> Placement | None:
         """Choose a worker and reserve; None when no worker is eligible right now.
@@ -391,43 +365,9 @@ class Scheduler:
     def _choose_views(
         self, request: Request, match: PrefixMatch, eligible: np.ndarray, c_min: int, now: float
     ) -> _Choice:
-        """Row-wise Ê and J for every worker, then the router over WorkerViews of the eligible rows."""
-        t = self.table
-        L = request.input_len
-        held = np.zeros(len(t.infos), dtype=np.int64)
-        for wid, h in match.held_blocks.items():
-            i = t.index.get(wid)
-            if i is not None:
-                held[i] = h
-        p = np.minimum(held * self.block_tokens, L - 1)
-        r = L - p
-        est = np.empty(len(t.infos), dtype=np.float64)
-        for c, lo, hi in self._slices:
-            est[lo:hi] = self.cost.predict_degree(c, r[lo:hi], p[lo:hi])
-        weighted = est * (self.beta + self.lam * (t.degree - c_min) / c_min)
-        weighted[~eligible] = np.inf
-        q = t.queue_vector(now)
-        views = [
-            WorkerView(
-                worker_id=t.infos[i].worker_id,
-                degree=int(t.degree[i]),
-                node=t.infos[i].node,
-                state=WorkerState(int(t.state[i])),
-                queue_s=float(q[i]),
-                outstanding_blocks=int(t.outstanding[i]),
-                free_blocks=int(t.free_blocks[i]),
-                held_blocks=int(held[i]),
-                cached_tokens=int(p[i]),
-                predicted_s=float(est[i]),
-            )
-            for i in np.flatnonzero(eligible)
-        ]
-        wid = self.router.choose(request, match, views, now)
-        k = t.index.get(wid)
-        if k is None or not eligible[k]:
-            raise ValueError(f"routing policy {type(self.router).__name__} chose non-candidate worker {wid}")
-        pref = int(t.degree[int(np.argmin(weighted))])
-        return _Choice(k, int(held[k]), int(p[k]), float(est[k]), float(q[k]), pref)
+        """A custom routing policy's choice (:func:`vertumnus.scheduler.views.choose`)."""
+        args = (self.table, self._slices, self.cost, self.router, self.block_tokens, self.beta, self.lam)
+        return _Choice(*choose_by_views(*args, request, match, eligible, c_min, now))
 
     def started(self, request_id: str, worker_id: int, now: float) -> bool:
         """The engine began the prefill; False if the report is stale (request re-placed or unknown)."""
