@@ -297,7 +297,7 @@ class CacheManager:
             t, wk, bk = self.trie, self.workers, self.book
             ops += self._take(inter, "inter", lambda c: choose.replication(t, wk, bk, c, queue_s, True))
             queue_aware = self.cfg.policy == "queue_aware"
-            if not queue_aware:  # queue_aware makes same-degree copies at placement (on_placement)
+            if not queue_aware:  # queue_aware makes same-degree copies at placement (replicate_hot)
                 ops += self._take(intra, "intra", lambda c: choose.replication(t, wk, bk, c, queue_s, False))
             floor = self.cfg.reclaim_pressure if queue_aware else None
             kids = choose.child_marks(t, [c.row for c in recl])
