@@ -144,8 +144,9 @@ class CacheManager:
         the copy to attach to the job — a reconcile when the worker has pending blocks beyond its valid prefix
         and a source physically has them, else ``placement.fetch``; without a copy, the blocks a copy already
         in flight into the worker brings (an earlier request's, attached to a job ahead of this one in the
-        worker's FCFS queue, so it lands before this prefill starts) when the placement was priced with them;
-        then the pin of the reused prefix (:meth:`release` it when the request leaves the worker)."""
+        worker's FCFS queue, so it lands before this prefill starts) when the placement was priced with them
+        (the engine reuses fewer if that copy fails); then the pin of the reused prefix (:meth:`release` it when
+        the request leaves the worker)."""
         keys = request.block_keys
         wid = placement.worker_id
         if first:
