@@ -16,14 +16,14 @@ from typing import Any
 
 from cp_helpers import TOL, tiny_config, tokens
 
-from vertumnus.cache.invariants import check_cache
 from vertumnus.cache import reconfigure
 from vertumnus.cache.block_keys import keys_from_tokens
+from vertumnus.cache.invariants import check_cache
+from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.cp.model import ReferenceModel
 from vertumnus.engines.torch.data_plane import TorchDataPlane
 from vertumnus.interfaces import EngineEvents
 from vertumnus.pool import PrefillPool
-from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.scheduler.policy import WorkerView
 from vertumnus.types import (
     CacheOp,

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vertumnus.cache.invariants import check_cache
 from vertumnus.cache import reconfigure
+from vertumnus.cache.invariants import check_cache
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import config_from_dict
+from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.engines.sim import SimDataPlane
 from vertumnus.pool import PrefillPool
-from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.scheduler.policy import WorkerView
 from vertumnus.sim.events import EventLoop
 from vertumnus.types import (

@@ -21,9 +21,9 @@ import ray
 from vllm_helpers import LoopThread, hosting_for, vllm_config
 
 from vertumnus.cache.block_keys import keys_from_tokens
+from vertumnus.cost_model import CostModel
 from vertumnus.engines.vllm.serving import build_data_plane
 from vertumnus.pool import PrefillPool
-from vertumnus.cost_model import CostModel
 from vertumnus.types import CacheOp, CacheOpKind, Placement, PrefillResult, Request
 
 pytestmark = pytest.mark.vllm
