@@ -6,7 +6,7 @@
                    │ Request
                    ▼
       ┌──────────── PrefillPool (vertumnus.pool) ────────────┐
-      │ Scheduler ── match() ──► CacheManager (global trie)  │   policy code: no torch, no ray
+      │ cache.lookup → scheduler.place → cache.commit        │   policy code: no torch, no ray
       │ Controller (windows, lattice, epochs)                │
       └───────┬──────────────────────────────▲───────────────┘
               │ DataPlane calls              │ EngineEvents callbacks

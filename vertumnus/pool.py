@@ -1,9 +1,11 @@
 """The prefill pool facade: scheduler + cache manager + controller + a data plane, driven the same way by the
 simulator and the server.
 
-Request path (``submit``): admissibility → trie match → placement (J, reservation) → cache statistics (first
-placement only: a re-placement after a drain or failure is the same request) →
-reconciliation op (pending prefix after split / merge) → pin of the reused prefix → ``data_plane.submit``.
+Request path (``submit``), one call per step: admissibility (``scheduler.check_admissible``, once per placement
+attempt) → ``cache.lookup`` (held / pending prefixes, the fetch on offer) → ``scheduler.place`` (J, reservation,
+``Placement.fetch``) → ``cache.commit`` (statistics on the first placement only — a re-placement after a drain or
+failure is the same request —, the reconcile or fetch copy attached to the job, the pin of the reused prefix) →
+``data_plane.submit`` → ``cache.replicate_hot`` and ``controller.observe`` (first placement only).
 Nothing schedulable (all draining / not yet acked / KV full) → the request waits in the backlog and is placed
 when a worker becomes ACTIVE or frees capacity. Completion (``prefill_done``) releases the reservation and the
 pin and reports to listeners exactly once.
@@ -24,6 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from vertumnus.cache.manager import CacheManager
+from vertumnus.cache.placement import Pin
 from vertumnus.config import VertumnusConfig, parse_composition
 from vertumnus.controller.controller import Controller
 from vertumnus.controller.epochs import EpochManager
@@ -46,7 +49,6 @@ from vertumnus.types import (
     CacheReport,
     Placement,
     PrefillResult,
-    PrefixMatch,
     ReconfigKind,
     ReconfigPlan,
     Request,
@@ -94,7 +96,7 @@ class PrefillPool:
         self._backlog: deque[Request] = deque()  # new arrivals waiting, FCFS
         self._requeued: deque[Request] = deque()  # re-placements waiting (drain / failure); go first
         self._waiting: set[str] = set()
-        self._pins: dict[str, tuple[int, tuple[int, ...], int]] = {}  # request -> (worker, keys, blocks)
+        self._pins: dict[str, Pin] = {}  # request -> the pin of its reused prefix
         self._job_op: dict[str, int] = {}  # request -> its reconcile op id
         self._ops: dict[int, CacheOp] = {}  # cache ops in flight
         self._strikes: dict[str, int] = {}  # request -> workers that failed while running its prefill
@@ -141,7 +143,7 @@ class PrefillPool:
         if rid in self.scheduler.tickets or rid in self._waiting:
             raise ValueError(f"request {rid!r} is already in the pool")
         if not self._backlog and not self._requeued:
-            placement = self._place(request, first=True)
+            placement = self._place(request, first=True)  # admissible: checked above
             if placement is not None:
                 return placement
         self._backlog.append(request)
@@ -149,74 +151,50 @@ class PrefillPool:
         return None
 
     def _place(self, request: Request, first: bool) -> Placement | None:
+        """Place an admissible request now (see the module docstring), or None when nothing is schedulable."""
         keys = request.block_keys
-        match = self.cache.match(keys)
-        fetch = self.cache.fetchable(match)
-        now = self.clock()
-        placement = self.scheduler.place(request, match, now, first, fetch)
+        match = self.cache.lookup(keys)
+        placement = self.scheduler.place(request, match, self.clock(), first)
         if placement is None:
             return None
         wid = placement.worker_id
-        if first:  # a re-placement (drain, failure) is the same request: its demand was recorded already
-            self.cache.record_placement(keys, match, request.input_len, wid, placement.preferred_degree)
-        op = self.cache.plan_reconcile(keys, wid, match)
-        reuse = match.held_blocks.get(wid, 0)
-        if op is None and fetch is not None and placement.cached_tokens > reuse * self.cfg.cache.block_tokens:
-            # Priced with the fetched prefix: copy it in before the prefill (queue_aware; DESIGN.md §3).
-            op = self.cache.plan_fetch(keys, wid, match, fetch[0], lambda w: self.scheduler.queue_s(w, now))
+        commit = self.cache.commit(request, match, placement, first)
+        op = commit.op
         if op is not None:
             self._ops[op.op_id] = op
             self._job_op[request.request_id] = op.op_id
-            if op.src_worker is not None:
-                reuse = len(op.keys)
-        else:
-            # Priced with blocks a copy already in flight into this worker brings (an earlier request's
-            # reconcile or fetch, attached to a job ahead of this one in the worker's FCFS queue, so it lands
-            # before this prefill starts): reuse them too. The engine reuses fewer if the copy fails.
-            priced = placement.cached_tokens // self.cfg.cache.block_tokens
-            if priced > reuse and self.cache.copy_incoming(keys[priced - 1], wid):
-                reuse = priced
-        if reuse > 0:
-            self.cache.pin(wid, keys, reuse)
-            self._pins[request.request_id] = (wid, keys, reuse)
+        if commit.pin is not None:
+            self._pins[request.request_id] = commit.pin
         try:
-            self.data_plane.submit(wid, PrefillJob(request, placement, op, reuse))
+            self.data_plane.submit(wid, PrefillJob(request, placement, op, commit.reuse_blocks))
         except BaseException:
             self._unplace(request.request_id, cancel_reconcile=True)  # nothing stays reserved for it
             raise
         if first:
-            self._hot_copy(keys, match, placement)
+            hot = self.cache.replicate_hot(keys, match, placement, self.scheduler, self.clock())
+            if hot is not None:  # queue_aware: the reused prefix copied off a queued holder
+                self._ops[hot.op_id] = hot
+                self.data_plane.execute(hot)
             self.controller.observe(
                 placement.predicted_s, request.input_len, placement.cached_tokens, request.arrival_s
             )
         return placement
 
-    def _hot_copy(self, keys: Sequence[int], match: PrefixMatch, placement: Placement) -> None:
-        """queue_aware replication: copy the reused prefix off a queued holder (after the job is submitted, so
-        a copy never runs ahead of the request that triggered it)."""
-        now = self.clock()
-        sched = self.scheduler
-        op = self.cache.on_placement(
-            keys, match, placement.worker_id, placement.queue_s, placement.predicted_s,
-            lambda: sched.queue_map(now), sched.waiting_at,
-        )  # fmt: skip
-        if op is not None:
-            self._ops[op.op_id] = op
-            self.data_plane.execute(op)
-
     def _unplace(self, request_id: str, cancel_reconcile: bool) -> None:
         """Forget a placement: reservation, pin, and (withdrawn / failed) its reconcile op."""
         self.scheduler.release(request_id)
         pin = self._pins.pop(request_id, None)
-        if pin is not None and self.epochs.in_cache(pin[0]):
-            self.cache.unpin(*pin)
+        if pin is not None and self.epochs.in_cache(pin.worker_id):
+            self.cache.release(pin)
         op_id = self._job_op.pop(request_id, None)
         if cancel_reconcile and op_id is not None and op_id in self._ops:
             self._fail_op(op_id, "request moved before its reconcile ran")
 
     def _retry(self, request: Request, first: bool) -> bool:
-        """Place a waiting request; False if it must keep waiting. Unservable ones are reported failed."""
+        """Place a waiting request; False if it must keep waiting. Unservable ones are reported failed (the
+        pool may have lost its largest workers since the request arrived)."""
         try:
+            self.scheduler.check_admissible(request)
             placement = self._place(request, first)
         except RequestRejected as e:
             now = self.clock()
@@ -312,13 +290,10 @@ class PrefillPool:
         reference, queues, cache ops, epoch, composition, cache statistics. Equal before and after a full timer
         period without engine work means every further idle tick is the same no-op (see :meth:`skip_idle`)."""
         acc = self.controller.account
-        trie = self.cache.trie
-        act = trie.active.rows()
-        stats = float(trie.access[:, act].sum() + trie.missed[:, act].sum()) if act.size else 0.0
         return (
             acc.demand_s, acc.requests, acc.streak, int(acc.streak_dir), acc.ref_long,
             len(self._backlog), len(self._requeued), len(self._ops), self.epochs.current is None,
-            tuple(self.lattice.composition().items()), int(act.size), stats,
+            tuple(self.lattice.composition().items()), *self.cache.idle_state(),
         )  # fmt: skip
 
     def skip_idle(self, until: float) -> int:
@@ -329,7 +304,7 @@ class PrefillPool:
         if self._next_scan < until:
             scans = math.ceil((until - self._next_scan) / self._scan_interval)
             self._next_scan += scans * self._scan_interval
-            self.cache.counters["scans"] += scans
+            self.cache.skip_scans(scans)
         return skipped
 
     # -- admin --------------------------------------------------------------------------------------------

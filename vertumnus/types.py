@@ -65,20 +65,47 @@ class Request:
     token_ids: list[int] | None = None
 
 
+@dataclass(slots=True, frozen=True)
+class FetchOffer:
+    """A copy the cache could run before a prefill (``cache.policy: queue_aware``), found by the lookup.
+
+    ``blocks`` (V): the longest valid prefix of the request an available worker holds; ``block_s``: seconds a
+    block takes over the slower (inter-node) link; ``max_queue_s``: the longest queue a fetching worker may have
+    (the source must keep the blocks until the prefill starts); ``sources``: the available workers holding the V
+    blocks validly (any order).
+    """
+
+    blocks: int
+    block_s: float
+    max_queue_s: float
+    sources: tuple[int, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class FetchPlan:
+    """The copy of the request's first ``blocks`` blocks from ``src_worker`` that the placement was priced with
+    (or, when it was priced with a pending prefix, the copy that brings the blocks if no reconcile does)."""
+
+    src_worker: int
+    blocks: int
+
+
 @dataclass(slots=True)
 class PrefixMatch:
-    """Result of walking the global trie with a request's block keys.
+    """Result of walking the global trie with a request's block keys (``CacheManager.lookup``).
 
     ``matched_blocks``: leading blocks some worker holds validly or has pending, any degree (the cache
     statistics use only the validly held part, ``max(held_blocks.values())``).
     ``held_blocks``: worker_id -> leading blocks of the request that worker holds *validly* (not pending);
     workers absent hold nothing. ``pending_blocks``: worker_id -> leading blocks held at least pending (for
-    reconciliation after split / merge); ≥ held.
+    reconciliation after split / merge); ≥ held. ``fetch``: the copy the scheduler may price, or None.
     """
 
     matched_blocks: int
     held_blocks: dict[int, int]
     pending_blocks: dict[int, int] = field(default_factory=dict)
+    # Derived from held_blocks, worker availability and the cache config: not part of a match's equality.
+    fetch: FetchOffer | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -95,6 +122,7 @@ class Placement:
     cost: float  # J_{i,w}
     preferred_degree: int  # C_pref(i)
     epoch: int
+    fetch: FetchPlan | None = None  # the copy to run before the prefill (cache.policy: queue_aware)
 
 
 class CacheReportKind(IntEnum):

@@ -4,6 +4,7 @@ benchmark command, not asserted here)."""
 from __future__ import annotations
 
 from vertumnus.bench import trie as bench
+from vertumnus.cache.invariants import check_cache
 
 
 def test_synthetic_trie_has_the_announced_shape() -> None:
@@ -11,10 +12,10 @@ def test_synthetic_trie_has_the_announced_shape() -> None:
     assert (families, prompts) == (5, 151)
     st = bench.build_trie(5000, n_workers=8)
     assert st.manager.trie.n_nodes == families * 32 + prompts * 32
-    held = st.manager.match(st.prompt(9)).held_blocks
+    held = st.manager.lookup(st.prompt(9)).held_blocks
     assert held[9 % 8] == 64  # the worker that stored prompt 9 holds all of it
     assert all(n == 32 for w, n in held.items() if w != 9 % 8)  # others share the family head only
-    st.manager.check_invariants()
+    check_cache(st.manager)
 
 
 def test_figures_report_every_metric() -> None:

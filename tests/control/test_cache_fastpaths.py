@@ -10,6 +10,7 @@ import numpy as np
 from vertumnus.cache.active import ActiveRows
 from vertumnus.cache.bits import int64_array, leading_runs
 from vertumnus.cache.choose import child_marks
+from vertumnus.cache.invariants import check_cache
 from vertumnus.cache.manager import CacheManager
 from vertumnus.cache.ops import OpBook
 from vertumnus.cache.trie import ROOT, Trie
@@ -59,8 +60,8 @@ def test_lookup_skips_freed_rows_whose_stale_keys_match_the_request() -> None:
     rows = m.trie.lookup(keys)
     assert rows.tolist() == [*range(1, 11), *range(21, 31)]
     assert rows.tolist() == [m.trie.index[k] for k in K]
-    assert m.match(keys) == PrefixMatch(20, {2: 20}, {2: 20})
-    m.check_invariants()
+    assert m.lookup(keys) == PrefixMatch(20, {2: 20}, {2: 20})
+    check_cache(m)
 
 
 def test_lookup_of_a_path_built_block_by_block_matches_the_per_key_mapping() -> None:

@@ -8,7 +8,9 @@ import random
 
 import pytest
 
+from tests.control.cache_commit import commit, record
 from vertumnus.cache.block_keys import keys_from_hash_ids
+from vertumnus.cache.invariants import check_cache
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import CacheConfig
 from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
@@ -107,12 +109,12 @@ def _run(seed: int, steps: int) -> None:
             m.apply_report(CacheReport(w, CacheReportKind.CLEARED))
             ref.blocks[w].clear()
         elif roll < 0.8:
-            match = m.match(p)
-            m.record_placement(p, match, 16 * len(p) + 5, w, rng.choice((4, 8)))
+            match = m.lookup(p)
+            record(m, p, match, 16 * len(p) + 5, w, rng.choice((4, 8)))
         elif roll < 0.88:
             m.scan(0.0, {x: rng.random() for x in WORKERS})
         else:
-            ops = m.outstanding_ops()
+            ops = m.book.outstanding()
             if ops:
                 op = rng.choice(ops)
                 if rng.random() < 0.3:
@@ -125,13 +127,13 @@ def _run(seed: int, steps: int) -> None:
                     m.apply_report(CacheReport(op.dst_worker, CacheReportKind.STORED, op.keys, None, op.op_id))
                     ref.stored(op.dst_worker, op.keys, None)
         for q in [*prompts[:10], p]:
-            got = m.match(q)
+            got = m.lookup(q)
             want = {x: ref.held(x, q) for x in WORKERS if ref.held(x, q)}
             assert got.held_blocks == want
             assert got.pending_blocks == want
         for x in WORKERS:
             assert m.cached_blocks(x) == len(ref.blocks[x])
-        m.check_invariants()
+        check_cache(m)
         _assert_surplus_replicas_are_scanned(m)
 
 
@@ -160,7 +162,7 @@ def test_random_traffic_across_splits_and_merges_keeps_invariants() -> None:
             assert m.reconcile_traffic(plan) >= 0.0
             m.on_reconfigure(plan)
             groups, next_id = list(targets), next_id + 2
-            m.check_invariants()
+            check_cache(m)
             continue
         g = rng.choice(groups)
         p = rng.choice(prompts)
@@ -170,16 +172,18 @@ def test_random_traffic_across_splits_and_merges_keeps_invariants() -> None:
         elif rng.random() < 0.2:
             m.apply_report(CacheReport(g.worker_id, CacheReportKind.REMOVED, (rng.choice(p),)))
         else:
-            match = m.match(p)
-            m.record_placement(p, match, 16 * len(p), g.worker_id, g.degree)
-            op = m.plan_reconcile(p, g.worker_id, match)
+            match = m.lookup(p)
+            c = commit(m, p, g.worker_id, g.degree, 16 * len(p), match)
+            if c.pin is not None:
+                m.release(c.pin)
+            op = c.op
             if op is not None and rng.random() < 0.8:
                 m.apply_report(CacheReport(g.worker_id, CacheReportKind.STORED, op.keys, None, op.op_id))
-                assert m.match(p).held_blocks[g.worker_id] >= len(op.keys)
+                assert m.lookup(p).held_blocks[g.worker_id] >= len(op.keys)
             elif op is not None:
                 m.op_failed(op.op_id, "dropped")
-        got = m.match(p)
+        got = m.lookup(p)
         assert all(got.held_blocks.get(w, 0) <= n for w, n in got.pending_blocks.items())
         assert set(got.held_blocks) <= set(got.pending_blocks)
-        m.check_invariants()
+        check_cache(m)
         _assert_surplus_replicas_are_scanned(m)

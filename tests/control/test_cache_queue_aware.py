@@ -10,10 +10,11 @@ from collections.abc import Mapping
 
 import pytest
 
+from tests.control.cache_commit import commit, record
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import CacheConfig
 from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
-from vertumnus.types import CacheOp, CacheReport, CacheReportKind
+from vertumnus.types import CacheOp, CacheReport, CacheReportKind, FetchPlan, Placement
 
 PROFILE = CostProfile(
     degrees={
@@ -43,17 +44,30 @@ def _manager(**cfg: object) -> CacheManager:
 
 def _reuse(m: CacheManager, wid: int, times: int) -> None:
     for _ in range(times):
-        m.record_placement(HOT, m.match(HOT), 10 * len(HOT) + 5, wid, 4)
+        record(m, HOT, m.lookup(HOT), 10 * len(HOT) + 5, wid, 4)
 
 
 def _decide(
     m: CacheManager, queue_before: float, queues: Mapping[int, float], waiting: Mapping[int, int] | None = None
 ) -> CacheOp | None:
     """The decision right after a request reusing HOT was placed at worker 1 (its Ê: 0.2 s)."""
-    match = m.match(HOT)
-    m.record_placement(HOT, match, 65, 1, 4)
-    w = dict(waiting or {})
-    return m.on_placement(HOT, match, 1, queue_before, 0.2, lambda: queues, lambda wid: w.get(wid, 0))
+    match = m.lookup(HOT)
+    record(m, HOT, match, 65, 1, 4)
+    placement = Placement("r", 1, 4, 0, 65, 0.2, queue_before, 0.0, 4, 0)
+    return m.replicate_hot(HOT, match, placement, _Loads(queues, waiting or {}), 0.0)
+
+
+class _Loads:
+    """The scheduler's loads as the hot copy reads them: fixed queues and waiting prefills."""
+
+    def __init__(self, queues: Mapping[int, float], waiting: Mapping[int, int]) -> None:
+        self.queues, self.waiting = dict(queues), dict(waiting)
+
+    def queue_map(self, now: float) -> dict[int, float]:
+        return self.queues
+
+    def waiting_at(self, worker_id: int) -> int:
+        return self.waiting.get(worker_id, 0)
 
 
 def _brief(op: CacheOp | None) -> tuple[object, ...] | None:
@@ -74,7 +88,7 @@ def test_hot_prefix_behind_queued_holder_is_copied_to_idle_same_degree_worker() 
     # Confirmed by the destination's STORED report, worker 2 is a holder the scheduler can pick.
     assert op is not None
     m.apply_report(CacheReport(2, CacheReportKind.STORED, HOT, None, op.op_id))
-    assert m.match(HOT).held_blocks == {1: 6, 2: 6}
+    assert m.lookup(HOT).held_blocks == {1: 6, 2: 6}
 
 
 def test_cold_prefix_is_not_copied() -> None:
@@ -118,7 +132,7 @@ def test_cold_duplicate_is_reclaimed_only_to_make_room_for_a_copy() -> None:
     m.apply_report(CacheReport(5, CacheReportKind.STORED, cold, None))
     m.apply_report(CacheReport(5, CacheReportKind.STORED, (31,), None))
     m.apply_report(CacheReport(2, CacheReportKind.STORED, cold, None))
-    assert m.pressure(5) == 1.0
+    assert m.workers.by_id[5].pressure == 1.0
     assert m.scan(5.0, {}) == []  # full, but nothing incoming needs the room: LRU's business, no reclaim
     _reuse(m, 1, 10)
     # The hot prefix's copy goes to idle worker 5 (workers 2 and 3 have prefills waiting); 6 blocks, 0 free.
@@ -153,7 +167,7 @@ def _sched():  # type: ignore[no-untyped-def]
 
 
 def test_scheduler_prices_a_fetched_prefix_and_leaves_a_queued_holder() -> None:
-    from vertumnus.types import PrefixMatch, Request, WorkerState
+    from vertumnus.types import FetchOffer, PrefixMatch, Request, WorkerState
 
     keys = tuple(range(100, 132))  # 32 blocks = 16K tokens of a shared prompt, then 1K of the request's own
     s, cost = _sched()
@@ -170,31 +184,62 @@ def test_scheduler_prices_a_fetched_prefix_and_leaves_a_queued_holder() -> None:
     assert without is not None and without.worker_id == 1  # waits behind the holder: cheaper than recomputing
     s.release("r")
     spb = 0.001  # 1 ms a block
-    with_fetch = s.place(req, match, 0.0, fetch=(32, spb, 1.0))
-    # Idle worker 2 copies the 32 blocks in (32 ms) and computes only the 1K suffix.
+    assert without.fetch is None
+    offer = FetchOffer(32, spb, 1.0, (1,))
+    with_fetch = s.place(req, PrefixMatch(32, {1: 32}, fetch=offer), 0.0)
+    # Idle worker 2 copies the 32 blocks in (32 ms) from the holder and computes only the 1K suffix.
     assert with_fetch is not None and with_fetch.worker_id == 2
     assert with_fetch.cached_tokens == 16384 and with_fetch.queue_s == 0.0
     assert with_fetch.predicted_s == pytest.approx(cost.predict(4, 1024, 16384) + 32 * spb)
+    assert with_fetch.fetch == FetchPlan(1, 32)
     s.release("r")
     # A fetch is offered only to workers whose queue is short enough for the source to keep the blocks.
-    capped = s.place(req, match, 0.0, fetch=(32, spb, -1.0))
-    assert capped is not None and capped.worker_id == 1
+    capped = s.place(req, PrefixMatch(32, {1: 32}, fetch=FetchOffer(32, spb, -1.0, (1,))), 0.0)
+    assert capped is not None and capped.worker_id == 1 and capped.fetch is None
+
+
+def test_the_fetch_source_is_on_the_destinations_node_then_of_its_degree_then_least_loaded() -> None:
+    from vertumnus.types import FetchOffer, PrefixMatch, Request, WorkerState
+
+    s, _ = _sched()
+    s.add_worker(3, 4, 0, WorkerState.ACTIVE, 1)  # CP4 on node 0 (with CP8 worker 0)
+    s.add_worker(4, 4, 1, WorkerState.ACTIVE, 1)  # CP4 on node 1 (with CP4 workers 1 and 2)
+    keys = tuple(range(100, 132))
+    for wid in (0, 2, 3, 4):
+        s.set_state(wid, WorkerState.DRAINING)
+    s.place(Request("busy", 0.0, 8192, ()), PrefixMatch(0, {}), 0.0)  # queued at worker 1
+    for wid in (0, 1, 2, 3, 4):  # only worker 2 (node 1, holding nothing) is a candidate
+        s.set_state(wid, WorkerState.ACTIVE if wid == 2 else WorkerState.DRAINING)
+    held = {0: 32, 1: 32, 3: 32, 4: 32}
+    offer = FetchOffer(32, 1e-6, 10.0, (0, 1, 3, 4))
+    p = s.place(Request("r", 0.0, 16384 + 1024, (*keys, 9)), PrefixMatch(32, held, fetch=offer), 0.0)
+    assert p is not None and p.worker_id == 2
+    # Node 1 holders: 1 (CP4, queued) and 4 (CP4, idle): the idle one; node-0 holders come after.
+    assert p.fetch == FetchPlan(4, 32)
+    s.release("r")
+    offer = FetchOffer(32, 1e-6, 10.0, (0, 1, 3))
+    p = s.place(Request("r", 0.0, 16384 + 1024, (*keys, 9)), PrefixMatch(32, held, fetch=offer), 0.0)
+    assert p is not None and p.fetch == FetchPlan(1, 32)  # same node beats an idle holder elsewhere
 
 
 def test_plan_fetch_copies_from_a_same_node_holder_and_confirms_like_a_replica() -> None:
     m = _manager()
     m.apply_report(CacheReport(3, CacheReportKind.STORED, HOT, None))  # worker 3 (node 1) holds it too
     _reuse(m, 1, 2)
-    match = m.match(HOT)
-    assert m.fetchable(match) == (6, BYTES / 10e9, 1.0)  # priced over the slower (10 GB/s) link
-    op = m.plan_fetch(HOT, 2, match, 6, {1: 0.5, 3: 0.0}.__getitem__)
-    # Worker 2 is on node 0: the holder on its node (1) beats the idle one on node 1 (3).
+    match = m.lookup(HOT)
+    assert match.fetch is not None
+    assert match.fetch.blocks == 6 and match.fetch.block_s == BYTES / 10e9  # over the slower (10 GB/s) link
+    assert match.fetch.max_queue_s == 1.0 and sorted(match.fetch.sources) == [1, 3]
+    commit_ = commit(m, HOT, 2, match=match, cached_tokens=60, fetch=FetchPlan(1, 6))
+    op = commit_.op
+    # Worker 2 (node 0) copies from the holder the scheduler chose (1, on its node: see test_scheduler_policy).
     assert _brief(op) == ("REPLICATE", 1, 2, HOT, 0, False, False)
-    assert op is not None
+    assert op is not None and commit_.reuse_blocks == 6 and m.stats()["fetch_ordered"] == 1
     m.apply_report(CacheReport(2, CacheReportKind.STORED, HOT, None, op.op_id))
-    assert m.match(HOT).held_blocks == {1: 6, 2: 6, 3: 6}
-    assert m.fetchable(m.match((77, 78))) is None  # nothing held: nothing to fetch
-    assert _manager(policy="rules").fetchable(match) is None
+    assert m.lookup(HOT).held_blocks == {1: 6, 2: 6, 3: 6}
+    assert m.lookup((77, 78)).fetch is None  # nothing held: nothing to fetch
+    rules = _manager(policy="rules")
+    assert rules.lookup(HOT).fetch is None
 
 
 def test_retention_is_the_queue_aware_managers_and_off_for_norepl_and_rules() -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.control.cache_commit import commit, record
 from vertumnus.cache import reconfigure
+from vertumnus.cache.invariants import check_cache
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import CacheConfig
 from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
@@ -25,8 +27,8 @@ def _manager(parent_capacity: int = 80) -> CacheManager:
     m.apply_report(CacheReport(10, CacheReportKind.STORED, P))
     m.apply_report(CacheReport(10, CacheReportKind.STORED, Q))
     for _ in range(3):
-        m.record_placement(P, m.match(P), 100, 10, 8)  # P: demand 3 per block
-    m.record_placement(Q, m.match(Q), 30, 10, 8)  # Q: demand 1
+        record(m, P, m.lookup(P), 100, 10, 8)  # P: demand 3 per block
+    record(m, Q, m.lookup(Q), 30, 10, 8)  # Q: demand 1
     return m
 
 
@@ -34,50 +36,50 @@ def test_split_keeps_each_childs_rank_half_and_assigns_prefixes_by_demand() -> N
     m = _manager()
     assert m.reconcile_traffic(SPLIT) == 4 * 3.0 + 3 * 1.0  # P's blocks 5-8 at LO, all of Q at HI
     m.on_reconfigure(SPLIT)
-    assert m.worker_ids == [11, 12]
+    assert sorted(m.workers.by_id) == [11, 12]
     # LO holds blocks b with b mod 8 < 4 (keys 1-4, 9, 10) and gets P (more demand); HI gets Q.
-    assert m.match(P) == PrefixMatch(10, {11: 4}, {11: 10})
-    assert m.match(Q) == PrefixMatch(3, {11: 3}, {11: 3, 12: 3})  # Q's 3 blocks all lie on LO's ranks
+    assert m.lookup(P) == PrefixMatch(10, {11: 4}, {11: 10})
+    assert m.lookup(Q) == PrefixMatch(3, {11: 3}, {11: 3, 12: 3})  # Q's 3 blocks all lie on LO's ranks
     assert m.cached_blocks(11) == 9 and m.cached_blocks(12) == 4  # physically: P 1-4, 9, 10 + Q | P 5-8
-    assert m.free_blocks(11) == 40 - 9
-    m.check_invariants()
+    assert m.workers.by_id[11].free == 40 - 9
+    check_cache(m)
 
 
 def test_first_reuse_of_a_pending_prefix_copies_only_the_missing_blocks_from_the_sibling() -> None:
     m = _manager()
     m.on_reconfigure(SPLIT)
-    match = m.match(P)
-    op = m.plan_reconcile(P, 11, match)
+    match = m.lookup(P)
+    op = commit(m, P, 11, match=match, first=False).op
     assert op is not None
     assert (op.kind.name, op.dst_worker, op.src_worker, op.keys, op.first_missing) == ("RECONCILE", 11, 12, P, 4)
     assert not op.inter_degree and not op.inter_node
     assert m.stats()["reconcile_blocks"] == 4  # keys 5-8; 9 and 10 are already on LO's ranks
-    assert m.plan_reconcile(P, 11, match) is None  # already in flight: no second copy
-    assert m.match(P).held_blocks == {11: 4}  # pending is not reusable until confirmed
+    assert commit(m, P, 11, match=match, first=False).op is None  # already in flight: no second copy
+    assert m.lookup(P).held_blocks == {11: 4}  # pending is not reusable until confirmed
     m.apply_report(CacheReport(11, CacheReportKind.STORED, P[4:], P[3], op.op_id))
-    assert m.match(P) == PrefixMatch(10, {11: 10}, {11: 10})
+    assert m.lookup(P) == PrefixMatch(10, {11: 10}, {11: 10})
     assert m.stats()["reconciliations_confirmed"] == 1
-    m.check_invariants()
+    check_cache(m)
 
 
 def test_a_valid_copy_is_preferred_as_reconciliation_source() -> None:
     m = _manager()
     m.on_reconfigure(SPLIT)
-    op = m.plan_reconcile(Q, 12, m.match(Q))
+    op = commit(m, Q, 12, match=m.lookup(Q), first=False).op
     assert op is not None
     assert (op.src_worker, op.keys, op.first_missing) == (11, Q, 0)
-    m.check_invariants()
+    check_cache(m)
 
 
 def test_no_copy_left_makes_the_pending_part_an_ordinary_miss() -> None:
     m = _manager()
     m.on_reconfigure(SPLIT)
     m.apply_report(CacheReport(12, CacheReportKind.REMOVED, P[4:8]))  # HI evicts its stripe of P
-    assert m.plan_reconcile(P, 11, m.match(P)) is None
-    assert m.match(P) == PrefixMatch(4, {11: 4}, {11: 4})
+    assert commit(m, P, 11, match=m.lookup(P), first=False).op is None
+    assert m.lookup(P) == PrefixMatch(4, {11: 4}, {11: 4})
     assert m.stats()["reconcile_misses"] == 1
     assert m.cached_blocks(11) == 9  # blocks 9, 10 stay physically cached
-    m.check_invariants()
+    check_cache(m)
 
 
 def test_merging_split_siblings_back_restores_valid_prefixes() -> None:
@@ -86,11 +88,11 @@ def test_merging_split_siblings_back_restores_valid_prefixes() -> None:
     merge = ReconfigPlan(ReconfigKind.MERGE, (LO, HI), (WorkerGroup(20, 0, 0, 8),), epoch=3)
     assert m.reconcile_traffic(merge) == 0.0
     m.on_reconfigure(merge)
-    assert m.worker_ids == [20]
-    assert m.match(P) == PrefixMatch(10, {20: 10}, {20: 10})
-    assert m.match(Q) == PrefixMatch(3, {20: 3}, {20: 3})
-    assert m.cached_blocks(20) == 13 and m.free_blocks(20) == 80 - 13
-    m.check_invariants()
+    assert sorted(m.workers.by_id) == [20]
+    assert m.lookup(P) == PrefixMatch(10, {20: 10}, {20: 10})
+    assert m.lookup(Q) == PrefixMatch(3, {20: 3}, {20: 3})
+    assert m.cached_blocks(20) == 13 and m.workers.by_id[20].free == 80 - 13
+    check_cache(m)
 
 
 def test_merge_marks_blocks_no_source_has_as_pending() -> None:
@@ -100,18 +102,18 @@ def test_merge_marks_blocks_no_source_has_as_pending() -> None:
     merge = ReconfigPlan(ReconfigKind.MERGE, (LO, HI), (WorkerGroup(20, 0, 0, 8),), epoch=3)
     assert m.reconcile_traffic(merge) == 4 * 3.0  # P's keys 5-8, demand 3 each
     m.on_reconfigure(merge)
-    assert m.match(P) == PrefixMatch(10, {20: 4}, {20: 10})
-    assert m.plan_reconcile(P, 20, m.match(P)) is None  # nobody has blocks 5-8
-    assert m.match(P) == PrefixMatch(4, {20: 4}, {20: 4})
-    m.check_invariants()
+    assert m.lookup(P) == PrefixMatch(10, {20: 4}, {20: 10})
+    assert commit(m, P, 20, match=m.lookup(P), first=False).op is None  # nobody has blocks 5-8
+    assert m.lookup(P) == PrefixMatch(4, {20: 4}, {20: 4})
+    check_cache(m)
 
 
 def test_a_prefix_too_large_for_either_child_is_not_retained() -> None:
     m = _manager(parent_capacity=16)  # children hold 8 blocks each: P (10) fits neither, Q goes to LO
     m.on_reconfigure(SPLIT)
-    assert m.match(P) == PrefixMatch(4, {11: 4}, {11: 4})  # the physically complete head stays valid
-    assert m.match(Q) == PrefixMatch(3, {11: 3}, {11: 3})
-    m.check_invariants()
+    assert m.lookup(P) == PrefixMatch(4, {11: 4}, {11: 4})  # the physically complete head stays valid
+    assert m.lookup(Q) == PrefixMatch(3, {11: 3}, {11: 3})
+    check_cache(m)
 
 
 def test_malformed_plans_are_rejected_without_changes() -> None:
@@ -127,9 +129,9 @@ def test_malformed_plans_are_rejected_without_changes() -> None:
     unknown = ReconfigPlan(ReconfigKind.MERGE, (LO, HI), (WorkerGroup(20, 0, 0, 8),), epoch=2)
     with pytest.raises(ValueError, match="not registered"):
         m.reconcile_traffic(unknown)
-    assert m.worker_ids == [10]
-    assert m.match(P).held_blocks == {10: 10}
-    m.check_invariants()
+    assert sorted(m.workers.by_id) == [10]
+    assert m.lookup(P).held_blocks == {10: 10}
+    check_cache(m)
 
 
 # -- ownership across merge → split (blocks stay on the ranks that computed them) ------------------------------
@@ -158,7 +160,7 @@ def _merged_after_cp2_cp2() -> CacheManager:
     m.apply_report(CacheReport(3, CacheReportKind.STORED, B))
     for keys, n in ((C, 3), (A, 2), (B, 1)):
         for _ in range(n):
-            m.record_placement(keys, m.match(keys), 45, 3, 4)
+            record(m, keys, m.lookup(keys), 45, 3, 4)
     return m
 
 
@@ -171,8 +173,8 @@ def test_a_merge_keeps_blocks_on_the_ranks_that_computed_them() -> None:
     assert _ranks(m, 3) == {1: 0, 2: 1, 3: 0, 4: 1, 21: 2, 22: 3, 23: 2, 24: 3, 11: 0, 12: 1, 13: 2, 14: 3}
     assert m.workers.by_id[3].displaced == {m.trie.index[k]: r for k, r in ((3, 0), (4, 1), (21, 2), (22, 3))}
     for keys in (A, B, C):
-        assert m.match(keys) == PrefixMatch(4, {3: 4}, {3: 4})
-    m.check_invariants()
+        assert m.lookup(keys) == PrefixMatch(4, {3: 4}, {3: 4})
+    check_cache(m)
 
 
 def test_split_after_merge_gives_each_child_the_blocks_it_physically_has() -> None:
@@ -187,27 +189,27 @@ def test_split_after_merge_gives_each_child_the_blocks_it_physically_has() -> No
     assert _ranks(m, 4) == {1: 0, 2: 1, 3: 0, 4: 1, 11: 0, 12: 1}
     assert _ranks(m, 5) == {21: 0, 22: 1, 23: 0, 24: 1, 13: 0, 14: 1}
     assert m.workers.by_id[4].displaced == {} and m.workers.by_id[5].displaced == {}
-    assert m.match(A) == PrefixMatch(4, {4: 4}, {4: 4, 5: 4})
-    assert m.match(C) == PrefixMatch(4, {5: 4}, {4: 4, 5: 4})
-    assert m.match(B) == PrefixMatch(4, {4: 2}, {4: 2, 5: 4})
+    assert m.lookup(A) == PrefixMatch(4, {4: 4}, {4: 4, 5: 4})
+    assert m.lookup(C) == PrefixMatch(4, {5: 4}, {4: 4, 5: 4})
+    assert m.lookup(B) == PrefixMatch(4, {4: 2}, {4: 2, 5: 4})
     assert m.cached_blocks(4) == m.cached_blocks(5) == 6
     # reconciliation copies exactly what each child lacks, from the sibling that physically has it
-    ops = [m.plan_reconcile(k, w, m.match(k)) for k, w in ((C, 4), (A, 5), (B, 5))]
+    ops = [commit(m, k, w, match=m.lookup(k), first=False).op for k, w in ((C, 4), (A, 5), (B, 5))]
     assert [(o.dst_worker, o.src_worker, o.keys, o.first_missing) for o in ops if o] == [
         (4, 5, C, 0),
         (5, 4, A, 0),
         (5, 4, B, 0),
     ]
     assert m.stats()["reconcile_blocks"] == 4 + 4 + 2
-    assert m.plan_reconcile(A, 4, m.match(A)) is None  # valid at the lower child: nothing to copy
-    m.check_invariants()
+    assert commit(m, A, 4, match=m.lookup(A), first=False).op is None  # valid at the lower child: nothing to copy
+    check_cache(m)
 
 
 def test_repeated_merge_and_split_return_to_canonical_halves() -> None:
     m = _merged_after_cp2_cp2()
     m.on_reconfigure(ReconfigPlan(ReconfigKind.SPLIT, (M4,), (L2b, U2b), epoch=3))
     for keys, w in ((C, 4), (A, 5), (B, 5)):
-        op = m.plan_reconcile(keys, w, m.match(keys))
+        op = commit(m, keys, w, match=m.lookup(keys), first=False).op
         assert op is not None
         # the engine imports the blocks it lacked on their canonical ranks and confirms the whole missing part
         m.apply_report(CacheReport(w, CacheReportKind.STORED, keys, None, op.op_id))
@@ -223,8 +225,8 @@ def test_repeated_merge_and_split_return_to_canonical_halves() -> None:
     assert _ranks(m, 7) == {k: i for keys in (A, B, C) for i, k in enumerate(keys[:2])}
     assert _ranks(m, 8) == {k: i for keys in (A, B, C) for i, k in enumerate(keys[2:])}
     for keys in (A, B, C):
-        assert m.match(keys).held_blocks == {7: 2}
-    m.check_invariants()
+        assert m.lookup(keys).held_blocks == {7: 2}
+    check_cache(m)
 
 
 def test_losing_a_displaced_block_forgets_its_rank() -> None:
@@ -235,4 +237,4 @@ def test_losing_a_displaced_block_forgets_its_rank() -> None:
     assert {k: r for k, r in _ranks(m, 3).items() if k in A} == {1: 0, 2: 1, 3: 2, 4: 3}
     m.apply_report(CacheReport(3, CacheReportKind.CLEARED))
     assert m.workers.by_id[3].displaced == {} and _ranks(m, 3) == {}
-    m.check_invariants()
+    check_cache(m)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.control.cache_commit import commit, record
+from vertumnus.cache.invariants import check_cache
 from vertumnus.cache.manager import CacheManager
+from vertumnus.cache.stats import node_stats
 from vertumnus.config import CacheConfig
 from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.types import CacheOp, CacheOpKind, CacheReport, CacheReportKind, PrefixMatch
@@ -43,7 +46,7 @@ def _stored(m: CacheManager, wid: int, keys: tuple[int, ...], parent: int | None
 
 def _place(m: CacheManager, keys: tuple[int, ...], wid: int, pref: int, times: int = 1) -> None:
     for _ in range(times):
-        m.record_placement(keys, m.match(keys), 10 * len(keys), wid, pref)
+        record(m, keys, m.lookup(keys), 10 * len(keys), wid, pref)
 
 
 def _brief(ops: list[CacheOp]) -> list[tuple[object, ...]]:
@@ -93,13 +96,13 @@ def test_intra_ranking_destinations_and_sources() -> None:
     ]
     assert m.stats()["intra_ordered"] == 4
     assert m.stats()["inter_ordered"] == 0 and m.stats()["reclamations_ordered"] == 0
-    m.check_invariants()
+    check_cache(m)
 
 
 def test_scan_orders_at_most_max_ops_per_list() -> None:
     m = _intra_pool(max_ops=2)
     assert [op.keys for op in m.scan(5.0, QUEUE)] == [(11, 12), (21,)]
-    m.check_invariants()
+    check_cache(m)
 
 
 def test_in_flight_copies_are_not_ordered_twice_until_they_fail() -> None:
@@ -113,30 +116,30 @@ def test_in_flight_copies_are_not_ordered_twice_until_they_fail() -> None:
     again = m.scan(15.0, QUEUE)
     assert [(op.op_id, op.keys, op.dst_worker) for op in again] == [(3, (11, 12), 2)]
     assert m.stats()["ops_failed"] == 1
-    m.check_invariants()
+    check_cache(m)
 
 
 def test_replica_is_visible_only_after_the_confirming_report() -> None:
     m = _intra_pool(max_ops=1)
     (op,) = m.scan(5.0, QUEUE)
-    assert m.match((11, 12)).held_blocks == {1: 2}
+    assert m.lookup((11, 12)).held_blocks == {1: 2}
     _stored(m, 3, (11, 12), op=op.op_id)  # wrong worker: applies as its own store, confirms nothing
-    assert m.outstanding_ops() == [op]
+    assert m.book.outstanding() == [op]
     m.apply_report(CacheReport(3, CacheReportKind.REMOVED, (11,)))
     _stored(m, 2, (11, 12), op=op.op_id)
-    assert m.match((11, 12)) == PrefixMatch(2, {1: 2, 2: 2}, {1: 2, 2: 2})
-    assert m.outstanding_ops() == []
+    assert m.lookup((11, 12)) == PrefixMatch(2, {1: 2, 2: 2}, {1: 2, 2: 2})
+    assert m.book.outstanding() == []
     assert m.stats()["replications_confirmed"] == 1
     assert m.workers.by_id[2].reserved == 0
-    m.check_invariants()
+    check_cache(m)
 
 
 def test_removing_a_worker_forgets_its_ops() -> None:
     m = _intra_pool(max_ops=4)
     m.scan(5.0, QUEUE)
     m.remove_worker(3)  # source of op 3, destination of op 4
-    assert [op.op_id for op in m.outstanding_ops()] == [1, 2]
-    m.check_invariants()
+    assert [op.op_id for op in m.book.outstanding()] == [1, 2]
+    check_cache(m)
 
 
 # -- inter ------------------------------------------------------------------------------------------------------
@@ -162,7 +165,7 @@ def test_inter_ranking_by_missed_per_copied_block_and_choices() -> None:
     d53 = 3 * (_e8(10, 20) - _e8(1, 29))  # E's chain 52-53 collapses into 53; footprint 2 at worker 4
     d61 = 3 * (_e8(10, 0) - _e8(1, 9))
     d72 = 3 * (_e8(10, 10) - _e8(1, 19))
-    assert m.node_stats(53)[1][8] == pytest.approx(d53)
+    assert node_stats(m.trie, m.degrees, 53)[1][8] == pytest.approx(d53)
     assert d61 / 1 > d53 / 2 > d72 / 2  # the ranking the scan must produce
     ops = m.scan(5.0, {1: 0.0, 2: 1.0, 3: 0.0, 4: 0.3, 5: 0.1})
     assert _brief(ops) == [
@@ -192,37 +195,38 @@ def _reclaim_pool() -> CacheManager:
 
 def test_reclaim_ranking_and_victims() -> None:
     m = _reclaim_pool()
-    m.pin(2, (81, 82, 83), 3)  # w2 uses H for a queued request
+    commit(m, (81, 82, 83), 2, first=False)  # w2 uses H for a queued request (pinned)
     ops = m.scan(5.0, {})
     assert _brief(ops) == [
         (1, "RECLAIM", 4, None, (91,), 0, False, False),  # score 0 first; the only CP8 holder
         (2, "RECLAIM", 1, None, (81, 82), 1, False, False),  # w2 pinned → next highest pressure: w1
     ]  # block 81: every holder keeps 82 below it → no victim
     assert m.stats()["reclamations_ordered"] == 2
-    m.check_invariants()
+    check_cache(m)
 
 
 def test_unpinned_highest_pressure_holder_is_the_victim() -> None:
     m = _reclaim_pool()
-    m.pin(2, (81, 82), 2)
-    m.unpin(2, (81, 82), 2)
+    pin = commit(m, (81, 82), 2, first=False).pin
+    assert pin is not None
+    m.release(pin)
     ops = m.scan(5.0, {})
     assert [(op.dst_worker, op.keys) for op in ops] == [(4, (91,)), (2, (81, 82))]
-    m.check_invariants()
+    check_cache(m)
 
 
 def test_reclaimed_replica_leaves_holders_only_when_deletion_is_confirmed() -> None:
     m = _reclaim_pool()
     ops = m.scan(5.0, {})
     rec = ops[0]
-    assert m.match((91,)).held_blocks == {3: 1, 4: 1}
+    assert m.lookup((91,)).held_blocks == {3: 1, 4: 1}
     m.apply_report(CacheReport(4, CacheReportKind.REMOVED, (91,), op_id=rec.op_id))
-    assert m.match((91,)).held_blocks == {3: 1}
+    assert m.lookup((91,)).held_blocks == {3: 1}
     assert m.stats()["reclamations_confirmed"] == 1
     assert m.cached_blocks(4) == 0
     # A second scan does not order a reclaim already in flight (81, 82 at w2) again.
     assert all(op.keys != (81, 82) or op.dst_worker != 2 for op in m.scan(10.0, {}))
-    m.check_invariants()
+    check_cache(m)
 
 
 def test_the_last_valid_copy_is_left_to_the_engines_lru() -> None:
@@ -236,7 +240,7 @@ def test_the_last_valid_copy_is_left_to_the_engines_lru() -> None:
     _stored(m, 2, (7,))
     _place(m, (7,), 1, 4)  # access 1.5 < 2 replicas × 1
     assert [(op.kind, op.dst_worker) for op in m.scan(15.0, {})] == [(CacheOpKind.RECLAIM, 1)]
-    m.check_invariants()
+    check_cache(m)
 
 
 # -- replicas without statistics ----------------------------------------------------------------------------------
@@ -250,17 +254,17 @@ def test_a_prefix_computed_twice_and_never_reused_is_reclaimed_block_by_block() 
     _stored(m, 1, (51,))  # pressure: w1 3/100 > w2 2/100
     _stored(m, 1, (7, 8))
     _stored(m, 2, (7, 8))
-    assert m.node_stats(8) == ({4: 0.0, 8: 0.0}, {4: 0.0, 8: 0.0})
+    assert node_stats(m.trie, m.degrees, 8) == ({4: 0.0, 8: 0.0}, {4: 0.0, 8: 0.0})
     ops = m.scan(5.0, {})
     assert _brief(ops) == [(1, "RECLAIM", 1, None, (7, 8), 1, False, False)]  # block 7: both keep 8 below
     m.apply_report(CacheReport(1, CacheReportKind.REMOVED, (8,), op_id=ops[0].op_id))
     ops = m.scan(10.0, {})
     assert _brief(ops) == [(2, "RECLAIM", 1, None, (7,), 0, False, False)]  # w2 keeps 8 below 7
     m.apply_report(CacheReport(1, CacheReportKind.REMOVED, (7,), op_id=ops[0].op_id))
-    assert m.match((7, 8)).held_blocks == {2: 2}
+    assert m.lookup((7, 8)).held_blocks == {2: 2}
     assert m.scan(15.0, {}) == []  # one copy left: the engines' LRU decides
     assert m.stats()["active_nodes"] == 0 and m.stats()["reclamations_confirmed"] == 2
-    m.check_invariants()
+    check_cache(m)
 
 
 def test_a_replica_loses_its_last_block_below_and_becomes_a_candidate_again() -> None:
@@ -274,7 +278,7 @@ def test_a_replica_loses_its_last_block_below_and_becomes_a_candidate_again() ->
     m.apply_report(CacheReport(2, CacheReportKind.REMOVED, (4,)))  # w2's LRU evicts block 4
     assert m.stats()["active_nodes"] == 1
     assert _brief(m.scan(10.0, {})) == [(1, "RECLAIM", 2, None, (1, 2), 1, False, False)]
-    m.check_invariants()
+    check_cache(m)
 
 
 def test_replicas_no_victim_can_give_up_do_not_crowd_out_one_that_can() -> None:
@@ -292,4 +296,4 @@ def test_replicas_no_victim_can_give_up_do_not_crowd_out_one_that_can() -> None:
     assert m.stats()["active_nodes"] == 21
     assert _brief(m.scan(5.0, {})) == [(1, "RECLAIM", 1, None, (7,), 0, False, False)]
     assert m.stats()["active_nodes"] == 1  # the trunk leaves the active set until a holder loses its block below
-    m.check_invariants()
+    check_cache(m)

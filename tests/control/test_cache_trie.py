@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vertumnus.cache.invariants import check_cache
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import CacheConfig
 from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
@@ -29,7 +30,7 @@ def _removed(m: CacheManager, wid: int, keys: tuple[int, ...]) -> None:
 
 
 def _check_invariants(m: CacheManager) -> None:
-    m.check_invariants()
+    check_cache(m)
 
 
 def test_match_counts_each_workers_leading_valid_blocks() -> None:
@@ -41,13 +42,13 @@ def test_match_counts_each_workers_leading_valid_blocks() -> None:
     _stored(m, 2, (1, 2))
     _stored(m, 2, (25,), parent=2)
     _stored(m, 3, (1, 2, 3))
-    assert m.match((1, 2, 3, 4, 9)) == PrefixMatch(4, {1: 4, 2: 2, 3: 3}, {1: 4, 2: 2, 3: 3})
-    assert m.match((1, 2, 25)) == PrefixMatch(3, {1: 2, 2: 3, 3: 2}, {1: 2, 2: 3, 3: 2})
-    assert m.match((7, 1, 2)) == PrefixMatch(0, {}, {})
-    assert m.match(()) == PrefixMatch(0, {}, {})
+    assert m.lookup((1, 2, 3, 4, 9)) == PrefixMatch(4, {1: 4, 2: 2, 3: 3}, {1: 4, 2: 2, 3: 3})
+    assert m.lookup((1, 2, 25)) == PrefixMatch(3, {1: 2, 2: 3, 3: 2}, {1: 2, 2: 3, 3: 2})
+    assert m.lookup((7, 1, 2)) == PrefixMatch(0, {}, {})
+    assert m.lookup(()) == PrefixMatch(0, {}, {})
     assert m.stats()["nodes"] == 5
     assert [m.cached_blocks(w) for w in (1, 2, 3)] == [4, 3, 3]
-    assert m.free_blocks(1) == 96
+    assert m.workers.by_id[1].free == 96
     _check_invariants(m)
 
 
@@ -57,10 +58,10 @@ def test_chain_under_an_unheld_parent_is_only_present_until_the_parent_arrives()
     m.add_worker(2, 4, 0, 100)
     _stored(m, 2, (1, 2))
     _stored(m, 1, (3, 4), parent=2)  # worker 1 lacks blocks 1, 2: not a complete prefix
-    assert m.match((1, 2, 3, 4)) == PrefixMatch(2, {2: 2}, {2: 2})
+    assert m.lookup((1, 2, 3, 4)) == PrefixMatch(2, {2: 2}, {2: 2})
     assert m.cached_blocks(1) == 2  # physically cached all the same
     _stored(m, 1, (1, 2))
-    assert m.match((1, 2, 3, 4)) == PrefixMatch(4, {1: 4, 2: 2}, {1: 4, 2: 2})
+    assert m.lookup((1, 2, 3, 4)) == PrefixMatch(4, {1: 4, 2: 2}, {1: 4, 2: 2})
     assert m.cached_blocks(1) == 4
     _check_invariants(m)
 
@@ -82,8 +83,8 @@ def test_removing_a_middle_block_drops_the_workers_descendants_only() -> None:
     _stored(m, 2, (1, 2, 3, 4, 5))
     assert m.stats()["nodes"] == 6
     _removed(m, 1, (3,))
-    assert m.match((1, 2, 3, 4, 5)) == PrefixMatch(5, {1: 2, 2: 5}, {1: 2, 2: 5})
-    assert m.match((1, 2, 3, 36)) == PrefixMatch(3, {1: 2, 2: 3}, {1: 2, 2: 3})
+    assert m.lookup((1, 2, 3, 4, 5)) == PrefixMatch(5, {1: 2, 2: 5}, {1: 2, 2: 5})
+    assert m.lookup((1, 2, 3, 36)) == PrefixMatch(3, {1: 2, 2: 3}, {1: 2, 2: 3})
     assert m.stats()["nodes"] == 5  # block 36 had no other holder: freed
     assert m.cached_blocks(1) == 2
     _check_invariants(m)
@@ -98,17 +99,17 @@ def test_cleared_and_remove_worker_drop_all_holdings() -> None:
     _stored(m, 1, (1, 2, 3))
     _stored(m, 2, (1, 2))
     m.apply_report(CacheReport(1, CacheReportKind.CLEARED))
-    assert m.match((1, 2, 3)) == PrefixMatch(2, {2: 2}, {2: 2})
+    assert m.lookup((1, 2, 3)) == PrefixMatch(2, {2: 2}, {2: 2})
     assert m.stats()["nodes"] == 2
     assert m.cached_blocks(1) == 0
     m.remove_worker(2)
-    assert m.worker_ids == [1]
+    assert sorted(m.workers.by_id) == [1]
     assert m.stats()["nodes"] == 0
-    assert m.match((1, 2)) == PrefixMatch(0, {}, {})
+    assert m.lookup((1, 2)) == PrefixMatch(0, {}, {})
     with pytest.raises(ValueError, match="not registered"):
         m.remove_worker(2)
     _stored(m, 1, (1,))
-    assert m.match((1, 2)) == PrefixMatch(1, {1: 1}, {1: 1})
+    assert m.lookup((1, 2)) == PrefixMatch(1, {1: 1}, {1: 1})
     _check_invariants(m)
 
 
@@ -128,13 +129,13 @@ def test_seventy_workers_use_two_mask_words_and_slots_are_reused() -> None:
         m.add_worker(wid, 4 if wid % 2 else 8, wid // 8, 50)
         _stored(m, wid, keys[: wid % 5 + 1])
     assert m.trie.words == 2
-    got = m.match(keys)
+    got = m.lookup(keys)
     assert got.matched_blocks == 5
     assert got.held_blocks == {wid: wid % 5 + 1 for wid in range(70)}
     m.remove_worker(3)
     m.add_worker(100, 4, 0, 50)  # takes the lowest free slot (worker 3's), empty
     assert m.workers.by_id[100].slot == 3
-    got = m.match(keys)
+    got = m.lookup(keys)
     assert 100 not in got.held_blocks and 3 not in got.held_blocks
     _check_invariants(m)
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from vertumnus.cache.block_keys import keys_from_hash_ids
+from vertumnus.cache.stats import node_stats
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
 from vertumnus.cost_model import CostModel
 from vertumnus.interfaces import PrefillJob
@@ -256,7 +257,7 @@ def test_worker_failure_replaces_everything_and_ignores_late_reports() -> None:
     rig.pool.worker_failed(0, "rank 3 died", rig.clock.t)
     assert rig.plane.log[-1] == ("restart", 0, 2)
     assert rig.snap(0).state == "FAILED" and rig.snap(0).cached_blocks == 0
-    assert rig.pool.cache.match(keys_from_hash_ids(hashes)).held_blocks == {}  # holdings dropped
+    assert rig.pool.cache.lookup(keys_from_hash_ids(hashes)).held_blocks == {}  # holdings dropped
     moved = [j.request.request_id for j in rig.plane.queues[1]]
     assert sorted(moved) == ["r0", "r1", "r2", "r3"]
     rig.pool.prefill_done(PrefillResult("r0", 0, 0, 0.0, 0.1))  # late report from the failed worker
@@ -319,7 +320,7 @@ def test_timers_windows_and_cache_scan_ops_are_confirmed() -> None:
     op = rig.pool._ops[op_id]
     rig.pool.cache_report(CacheReport(1, CacheReportKind.STORED, op.keys[op.first_missing :], None, op_id=op_id))
     assert (op_id, True) in rig.done.ops
-    assert rig.pool.cache.match(keys_from_hash_ids(hashes)).held_blocks == {0: 16, 1: 16}  # visible now
+    assert rig.pool.cache.lookup(keys_from_hash_ids(hashes)).held_blocks == {0: 16, 1: 16}  # visible now
     rig.pool.submit(req("busy", 8192))  # worker 0 gets busy: the replica at 1 now wins the next reuse
     p = rig.pool.submit(req("after", 8192 + 512, [*hashes, 5000]))
     assert p is not None and (p.worker_id, p.cached_tokens) == (1, 8192)
@@ -357,7 +358,7 @@ def test_pending_prefix_after_split_is_reconciled_at_first_reuse() -> None:
     rig.ack(2, 2)
     # block b lived on rank b mod 8: the lower child (ranks 0-3) holds b0-b3 validly, b4-b7 are pending there
     # (physically on the upper child)
-    m = rig.pool.cache.match(keys)
+    m = rig.pool.cache.lookup(keys)
     assert (m.held_blocks, m.pending_blocks) == ({1: 4}, {1: 8})
     p = rig.pool.submit(req("b", 8 * 512 + 100, hashes))
     # priced with the pending blocks (cache.price_pending): the 4 it lacks are copied from the sibling first
@@ -377,7 +378,7 @@ def test_pending_prefix_after_split_is_reconciled_at_first_reuse() -> None:
     assert second.request.request_id == "c" and second.reconcile is None and second.max_reuse_blocks == 8
     rig.pool.cache_report(CacheReport(1, CacheReportKind.STORED, keys[4:], keys[3], op_id=op.op_id))
     assert rig.done.ops == [(op.op_id, True)]
-    assert rig.pool.cache.match(keys).held_blocks[1] == 8
+    assert rig.pool.cache.lookup(keys).held_blocks[1] == 8
 
 
 def test_a_data_plane_refusing_a_job_leaves_nothing_reserved() -> None:
@@ -409,11 +410,13 @@ def test_a_request_replaced_after_a_failure_is_recorded_in_the_cache_statistics_
     p = rig.pool.submit(req("r", 8 * 512 + 512, [*range(8), 100]))
     assert p is not None and (p.worker_id, p.cached_tokens) == (1, 4096)
     recorded = ({4: 1.0, 8: 0.0}, {4: 0.0, 8: 0.0})  # one reuse at CP4; CP4 (C_pref) holds it: no miss
-    assert [rig.pool.cache.node_stats(k) for k in keys] == [recorded] * 8
+    assert [node_stats(rig.pool.cache.trie, rig.pool.cache.degrees, k) for k in keys] == [recorded] * 8
     rig.pool.worker_failed(1, "rank 5 died", rig.clock.t)
     [job] = rig.plane.queues[2]  # moved to the other holder, which reuses the same prefix
     assert (job.request.request_id, job.placement.worker_id, job.placement.cached_tokens) == ("r", 2, 4096)
-    assert [rig.pool.cache.node_stats(k) for k in keys] == [recorded] * 8  # the same request: no second access
+    assert [node_stats(rig.pool.cache.trie, rig.pool.cache.degrees, k) for k in keys] == [
+        recorded
+    ] * 8  # the same request: no second access
 
 
 def test_a_request_replaced_by_a_drain_is_recorded_in_the_cache_statistics_once() -> None:
@@ -423,12 +426,12 @@ def test_a_request_replaced_by_a_drain_is_recorded_in_the_cache_statistics_once(
     p = rig.pool.submit(req("r", 8 * 512 + 512, [*range(8), 100]))
     assert p is not None and (p.worker_id, p.cached_tokens, p.preferred_degree) == (1, 4096, 4)
     recorded = ({4: 1.0, 8: 0.0}, {4: 0.0, 8: 0.0})
-    assert [rig.pool.cache.node_stats(k) for k in keys] == [recorded] * 8
+    assert [node_stats(rig.pool.cache.trie, rig.pool.cache.degrees, k) for k in keys] == [recorded] * 8
     rig.pool.reconfigure(ReconfigKind.MERGE, 1)  # w1 + w2 drain: the queued request moves to w0 (CP8)
     [job] = rig.plane.queues[0]
     assert (job.request.request_id, job.placement.worker_id, job.placement.preferred_degree) == ("r", 0, 8)
     # w1 still holds the prefix while it drains, no CP8 worker does: a second record would add missed[z, 8].
-    assert [rig.pool.cache.node_stats(k) for k in keys] == [recorded] * 8
+    assert [node_stats(rig.pool.cache.trie, rig.pool.cache.degrees, k) for k in keys] == [recorded] * 8
     assert rig.snap(1).state == "DRAINING"
 
 

@@ -120,16 +120,17 @@ def test_non_active_workers_are_never_chosen() -> None:
 
 
 def test_rejections_are_typed_and_capacity_waits_are_none() -> None:
+    # Admission is the caller's (the pool checks once per placement attempt); place assumes it.
     s = make(kv=16, max_len=100_000)  # capacity: CP8 = 128 blocks (65536 tokens), CP4 = 64 blocks
     with pytest.raises(RequestRejected) as e:
-        s.place(req("long", 100_001), NO_MATCH, 0.0)
+        s.check_admissible(req("long", 100_001))
     assert (e.value.reason, e.value.limit, e.value.needed) == ("too_long", 100_000, 100_001)
     with pytest.raises(RequestRejected) as e:
-        s.place(req("big", 70_000), NO_MATCH, 0.0)  # ⌈70000/512⌉ = 137 blocks > 128
+        s.check_admissible(req("big", 70_000))  # ⌈70000/512⌉ = 137 blocks > 128
     assert (e.value.reason, e.value.limit, e.value.needed) == ("no_capacity_fit", 128, 137)
     assert "137 KV blocks" in str(e.value)
     with pytest.raises(RequestRejected) as e:
-        s.place(req("empty", 0), NO_MATCH, 0.0)
+        s.check_admissible(req("empty", 0))
     assert e.value.reason == "empty"
     # 40000 tokens = 79 blocks: only the CP8 fits; once it is reserved, the next one waits (None).
     first = s.place(req("fits", 40_000), NO_MATCH, 0.0)

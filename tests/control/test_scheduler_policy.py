@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict
 from vertumnus.cost_model import CostModel
 from vertumnus.scheduler import PlacementCostPolicy, Scheduler, WorkerView
-from vertumnus.types import PrefixMatch, Request, WorkerState
+from vertumnus.types import FetchOffer, PrefixMatch, Request, WorkerState
 
 COST = CostModel.from_file(REPO_ROOT / DEFAULT_PROFILE)
 CFG = config_from_dict({"pool": {"nodes": 2, "gpus_per_node": 8, "degrees": [2, 4, 8]}, "scheduler": {"lam": 0.2}})
@@ -157,7 +157,8 @@ def test_fetch_pricing_places_on_the_least_j(
         now += dt
         fetch = (max(fetch[0], max(held.values(), default=0) + 1), fetch[1], fetch[2])
         least = _least_j(s, n, held, fetch, now)
-        p = s.place(Request(f"r{k}", now, n, ()), PrefixMatch(max(held.values(), default=0), held), now, fetch=fetch)
+        match = PrefixMatch(max(held.values(), default=0), held, fetch=FetchOffer(*fetch))
+        p = s.place(Request(f"r{k}", now, n, ()), match, now)
         assert p is not None
         assert p.cost == pytest.approx(least, rel=1e-12, abs=1e-12)
         if start is not None and p.worker_id == start:

@@ -18,6 +18,7 @@ from cp_helpers import TOL, tiny_config, tokens
 
 from vertumnus.cache import reconfigure
 from vertumnus.cache.block_keys import keys_from_tokens
+from vertumnus.cache.invariants import check_cache
 from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
 from vertumnus.cp.model import ReferenceModel
 from vertumnus.engines.torch.data_plane import TorchDataPlane
@@ -157,7 +158,7 @@ class Scenario:
 
     def match(self, keys: tuple[int, ...]) -> PrefixMatch:
         with self.cv:
-            return self.pool.cache.match(keys)
+            return self.pool.cache.lookup(keys)
 
     def stats(self) -> dict[str, float]:
         with self.cv:
@@ -218,4 +219,4 @@ def test_merge_then_split_keeps_blocks_with_the_ranks_that_computed_them() -> No
         assert all(ok for _, ok in s.log.ops)
         assert s.stats()["ops_failed"] == st0["ops_failed"]
         with s.cv:
-            s.pool.cache.check_invariants()
+            check_cache(s.pool.cache)

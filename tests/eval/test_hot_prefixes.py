@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+from vertumnus.cache.invariants import check_cache
 from vertumnus.eval.cache_eval import load_cache_set
 from vertumnus.eval.kv_capacity import kv_blocks_per_gpu
 from vertumnus.eval.load_patterns import LoadPhase
@@ -142,7 +143,7 @@ def test_queue_aware_fetches_in_the_simulator_and_loses_nothing() -> None:
         cfg.cache.policy = policy  # type: ignore[assignment]
         sim = Simulation(gen.requests, cfg, COST, "vertumnus", "6xCP4+2xCP8")
         runs[policy] = sim.run().summary
-        sim.pool.cache.check_invariants()
+        check_cache(sim.pool.cache)
         if policy == "queue_aware":
             stats = sim.pool.cache.stats()
             assert stats["fetch_ordered"] > 0 and stats["replications_confirmed"] > 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vertumnus.cache import reconfigure
+from vertumnus.cache.invariants import check_cache
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import config_from_dict
 from vertumnus.cost_model import CostModel, CostProfile, DegreeProfile
@@ -140,9 +141,9 @@ def test_merge_then_split_keeps_blocks_with_the_ranks_that_computed_them() -> No
     l2, u2 = s.reconfigure(ReconfigKind.SPLIT, m)
     assert s.layout(l2) == stripes(A, degree=2) | stripes(BK, degree=2, count=2)
     assert s.layout(u2) == stripes(C, degree=2) | stripes(BK, degree=2, first=2)
-    assert s.cache.match(A) == PrefixMatch(4, {l2: 4}, {l2: 4, u2: 4})
-    assert s.cache.match(C) == PrefixMatch(4, {u2: 4}, {l2: 4, u2: 4})
-    assert s.cache.match(BK) == PrefixMatch(4, {l2: 2}, {l2: 2, u2: 4})
+    assert s.cache.lookup(A) == PrefixMatch(4, {l2: 4}, {l2: 4, u2: 4})
+    assert s.cache.lookup(C) == PrefixMatch(4, {u2: 4}, {l2: 4, u2: 4})
+    assert s.cache.lookup(BK) == PrefixMatch(4, {l2: 2}, {l2: 2, u2: 4})
 
     st0, copied0 = s.cache.stats(), s.dp.stats.copied_blocks
     reuse = [s.run(C, l2), s.run(A, u2), s.run(BK, u2), s.run(A, l2), s.run(C, u2)]
@@ -164,9 +165,9 @@ def test_merge_then_split_keeps_blocks_with_the_ranks_that_computed_them() -> No
     assert s.layout(l3) == stripes(A, BK, C, degree=2, count=2)
     assert s.layout(u3) == stripes(A, BK, C, degree=2, first=2)
     for keys in (A, BK, C):
-        got = s.cache.match(keys)
+        got = s.cache.lookup(keys)
         assert got.held_blocks == {l3: 2}
         for w in (l3, u3):
             assert s.run(keys, w) == BT * max(got.pending_blocks.get(w, 0), got.held_blocks.get(w, 0))
     assert all(ok for _, ok in s.log.ops) and s.dp.stats.failed_ops == 0
-    s.cache.check_invariants()
+    check_cache(s.cache)

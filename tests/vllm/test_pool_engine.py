@@ -68,7 +68,7 @@ class Env:
 
     def held_now(self, tokens: list[int]) -> dict[int, int]:
         """Trie holders of the prompt's blocks (call on the loop)."""
-        return dict(self.pool.cache.match(keys_from_tokens(tokens, BT)).held_blocks)
+        return dict(self.pool.cache.lookup(keys_from_tokens(tokens, BT)).held_blocks)
 
     def held(self, tokens: list[int]) -> dict[int, int]:
         return self.loop.call(self.held_now, tokens)

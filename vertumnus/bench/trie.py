@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from vertumnus.cache.manager import CacheManager
+from vertumnus.cache.stats import bytes_per_node
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, CacheConfig
 from vertumnus.cost_model import CostModel
-from vertumnus.types import CacheReport, CacheReportKind
+from vertumnus.types import CacheReport, CacheReportKind, Placement, PrefixMatch, Request
 
 
 @dataclass(slots=True)
@@ -93,7 +94,7 @@ def bytes_per_trie_node(n_nodes: int = 1_000_000, n_workers: int = 64) -> dict[s
         "trie_nodes": float(nodes),
         "bytes_per_trie_node": current / nodes,
         "peak_bytes_per_trie_node": peak / nodes,
-        "estimate_bytes_per_node": m.bytes_per_node(),
+        "estimate_bytes_per_node": bytes_per_node(m.trie),
     }
 
 
@@ -103,8 +104,8 @@ def scan_ms(st: SyntheticTrie, active: int, repeats: int = 5, seed: int = 2) -> 
     m = st.manager
     rng = np.random.default_rng(seed)
     n_prompts = st.tails.shape[0]
-    n_workers = len(m.worker_ids)
-    queue = {w: 0.0 for w in m.worker_ids}
+    n_workers = len(m.workers.by_id)
+    queue = dict.fromkeys(sorted(m.workers.by_id), 0.0)
     # The built trie flags its replicated family heads (several copies, no statistics: possible reclamations);
     # the first scan finds that every holder keeps a tail below them and lets them go. Settle that first, so
     # the timed scans see the rows with statistics.
@@ -115,10 +116,10 @@ def scan_ms(st: SyntheticTrie, active: int, repeats: int = 5, seed: int = 2) -> 
     while len(m.trie.active) < active:
         j = int(rng.integers(n_prompts))
         keys = st.prompt(j)
-        match = m.match(keys)
+        match = m.lookup(keys)
         wid = j % n_workers  # stored this prompt: reuses head + tail
         pref = 8 if rng.random() < 0.5 else 4
-        m.record_placement(keys, match, len(keys) * m.cfg.block_tokens, wid, pref)
+        _record(m, keys, match, len(keys) * m.cfg.block_tokens, wid, pref)
     act = m.trie.active.rows().copy()
     acc, mis = m.trie.access[:, act], m.trie.missed[:, act]  # copies
     times, cpu, n_ops = [], [], 0
@@ -142,8 +143,17 @@ def scan_ms(st: SyntheticTrie, active: int, repeats: int = 5, seed: int = 2) -> 
     }
 
 
+def _record(m: CacheManager, keys: tuple[int, ...], match: PrefixMatch, n: int, wid: int, pref: int) -> None:
+    """The statistics of one placement at ``wid`` (a commit whose pin is released at once)."""
+    deg = m.workers.by_id[wid].degree
+    placement = Placement(f"b{wid}", wid, deg, 0, n, 0.0, 0.0, 0.0, pref, 0)
+    commit = m.commit(Request(placement.request_id, 0.0, n, keys), match, placement)
+    if commit.pin is not None:
+        m.release(commit.pin)
+
+
 def match_us(n_workers: int = 64, blocks: int = 256, repeats: int = 2000, seed: int = 3) -> dict[str, float]:
-    """Latency of ``match`` and of ``match`` + ``record_placement`` for a ``blocks``-block prompt whose
+    """Latency of ``lookup`` and of ``lookup`` + ``commit`` (statistics, pin) for a ``blocks``-block prompt whose
     prefix is held to different depths by each of ``n_workers`` workers (p50 / p99, microseconds)."""
     rng = np.random.default_rng(seed)
     m = CacheManager(CacheConfig(), _cost(), [4, 8])
@@ -157,9 +167,9 @@ def match_us(n_workers: int = 64, blocks: int = 256, repeats: int = 2000, seed: 
     for i in range(repeats):
         q = keys if i % 2 == 0 else probe
         c0, t0 = cpu(), clock()
-        mt = m.match(q)
+        mt = m.lookup(q)
         t1, c1 = clock(), cpu()
-        m.record_placement(q, mt, blocks * m.cfg.block_tokens, i % n_workers, 8)
+        _record(m, q, mt, blocks * m.cfg.block_tokens, i % n_workers, 8)
         t2 = clock()
         t_match.append(t1 - t0)
         t_place.append(t2 - t0)

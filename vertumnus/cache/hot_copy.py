@@ -30,7 +30,8 @@ on every full worker moved P90 by up to ±10% where the pool was overloaded and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -39,6 +40,9 @@ from vertumnus.cache.trie import Trie
 from vertumnus.cache.workers import WorkerInfo, WorkerTable
 from vertumnus.config import CacheConfig
 from vertumnus.types import CacheOp, CacheOpKind
+
+if TYPE_CHECKING:
+    from vertumnus.cache.placement import WorkerLoads
 
 
 def copy_seconds(cfg: CacheConfig, blocks: int, src: WorkerInfo, dst: WorkerInfo) -> float:
@@ -62,14 +66,14 @@ def plan(
     chosen: int,
     queue_before_s: float,
     predicted_s: float,
-    queues: Callable[[], Mapping[int, float]],
-    waiting: Callable[[int], int],
+    loads: WorkerLoads,
+    now: float,
 ) -> CacheOp | None:
     """The REPLICATE op for the prefix a request just reused at worker ``chosen`` (None: no copy pays).
 
     ``path``: trie rows of the request's matched blocks; ``held``: valid leading blocks per worker;
-    ``queue_before_s`` / ``predicted_s``: q_w before the request and its Ê; ``queues()``: q per worker id (called
-    only once the cheap conditions hold); ``waiting(w)``: prefills queued and not started at worker w."""
+    ``queue_before_s`` / ``predicted_s``: q_w before the request and its Ê; ``loads``: the scheduler's q per worker
+    id at ``now`` (read only once the cheap conditions hold) and the prefills queued and not started per worker."""
     w = workers.by_id.get(chosen)
     h = min(held.get(chosen, 0), int(path.size))
     if w is None:
@@ -86,14 +90,14 @@ def plan(
     key = int(trie.key[row])
     if book.adding_at(key, w.dix):
         return None
-    q = queues()
+    q = loads.queue_map(now)
     q_w = queue_before_s
     best: tuple[float, bool, int] | None = None
     dst: WorkerInfo | None = None
     for d in workers.by_id.values():
         if d is w or d.dix != w.dix or not d.available or held.get(d.worker_id, 0) >= h:
             continue
-        if waiting(d.worker_id) > 0 or d.capacity < h:
+        if loads.waiting_at(d.worker_id) > 0 or d.capacity < h:
             continue
         rank = (q.get(d.worker_id, 0.0), d.node != w.node, d.worker_id)
         if best is None or rank < best:

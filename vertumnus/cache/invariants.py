@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from vertumnus.cache.trie import NONE, ROOT, Trie
 from vertumnus.cache.workers import WorkerTable
+
+if TYPE_CHECKING:
+    from vertumnus.cache.manager import CacheManager
 
 
 def check(trie: Trie, workers: WorkerTable) -> None:
@@ -45,3 +50,8 @@ def check(trie: Trie, workers: WorkerTable) -> None:
     live_stats = rows[(trie.access[:, rows] != 0).any(axis=0) | (trie.missed[:, rows] != 0).any(axis=0)]
     assert trie.active.flag[live_stats].all(), "a row with statistics is missing from the active set"
     assert all(trie.depth[r] != NONE for r in trie.active), "a freed row is active"
+
+
+def check_cache(manager: CacheManager) -> None:
+    """:func:`check` on a cache manager's trie and workers (O(trie size); tests and debugging)."""
+    check(manager.trie, manager.workers)

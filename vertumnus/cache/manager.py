@@ -1,6 +1,21 @@
 """The prefix-cache manager: the global trie over all workers' caches (DESIGN.md §3), its statistics, the
 periodic replication / reclamation scan, the confirm protocol, and pending reconciliation after split / merge.
 
+Public verbs, by caller:
+
+- the pool, per request (:mod:`vertumnus.cache.placement` has the sequence): :meth:`CacheManager.lookup`,
+  :meth:`CacheManager.commit`, :meth:`CacheManager.replicate_hot`, :meth:`CacheManager.release`;
+- the pool, engine feedback and timers: :meth:`CacheManager.apply_report`, :meth:`CacheManager.op_failed`,
+  :meth:`CacheManager.scan`, :meth:`CacheManager.skip_scans`, :meth:`CacheManager.idle_state`;
+- the epoch protocol: :meth:`CacheManager.add_worker`, :meth:`CacheManager.remove_worker`,
+  :meth:`CacheManager.set_available`, :meth:`CacheManager.on_reconfigure`; the controller:
+  :meth:`CacheManager.reconcile_traffic`;
+- snapshots: :meth:`CacheManager.stats`, :meth:`CacheManager.cached_blocks`.
+
+Tests and tools read the collaborators directly: ``trie`` (:mod:`~vertumnus.cache.trie`), ``workers``
+(:mod:`~vertumnus.cache.workers`), ``book`` (:mod:`~vertumnus.cache.ops`), ``counters``;
+:func:`vertumnus.cache.invariants.check` and :func:`vertumnus.cache.stats.node_stats` work on them.
+
 Visibility protocol: a replica ordered by :meth:`CacheManager.scan` becomes a holder (visible to ``match``) only
 when its destination confirms with a STORED report carrying the op id; a reclaimed replica leaves the holders
 only with the REMOVED report carrying the op id. Ordinary STORED / REMOVED reports (the engines' own prefills
@@ -9,22 +24,31 @@ and LRU evictions) apply at once. The manager is single-threaded: the pool seria
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from vertumnus.cache import choose, hot_copy, invariants, marks, reconcile, reconfigure, reports
+from vertumnus.cache import choose, hot_copy, marks, reconcile, reconfigure, reports
 from vertumnus.cache import stats as cstats
 from vertumnus.cache.bits import leading_runs
 from vertumnus.cache.ops import OpBook
+from vertumnus.cache.placement import CacheCommit, Pin, WorkerLoads, as_tuple, fetch_offer, fetch_op
 from vertumnus.cache.scan import Candidate, find
 from vertumnus.cache.trie import Trie
 from vertumnus.cache.workers import WorkerInfo, WorkerTable
 from vertumnus.config import CacheConfig
 from vertumnus.cost_model import CostModel
-from vertumnus.types import CacheOp, CacheOpKind, CacheReport, CacheReportKind, PrefixMatch, ReconfigPlan
+from vertumnus.types import (
+    CacheOp,
+    CacheOpKind,
+    CacheReport,
+    CacheReportKind,
+    Placement,
+    PrefixMatch,
+    ReconfigPlan,
+    Request,
+)
 
 _NO_PATH = np.zeros(0, np.int64)
 _COUNTERS = (
@@ -53,17 +77,11 @@ class CacheManager:
         self._recorder = cstats.Recorder(self.trie, cost, cfg.block_tokens)
         self.book = OpBook()
         self.counters: Counter[str] = Counter()
-        self.last_scan_s: float | None = None
-        # The last match's path (rows root→leaf), reused by record_placement / plan_reconcile for the same
-        # keys object while the trie's rows are unchanged (trie.version).
+        # The last lookup's path (rows root→leaf), reused by commit / replicate_hot for the same keys object
+        # while the trie's rows are unchanged (trie.version).
         self._last: tuple[Sequence[int] | None, int, np.ndarray] = (None, -1, _NO_PATH)
 
-    # -- workers ----------------------------------------------------------------------------------------------
-    @property
-    def worker_ids(self) -> list[int]:
-        """Registered workers, ascending."""
-        return sorted(self.workers.by_id)
-
+    # -- workers (the epoch protocol) -------------------------------------------------------------------------
     def add_worker(self, worker_id: int, degree: int, node: int, capacity_blocks: int) -> None:
         """Register a worker with an empty cache (ValueError on a duplicate id or an unknown degree)."""
         self.workers.add(worker_id, degree, node, capacity_blocks)
@@ -77,18 +95,6 @@ class CacheManager:
     def set_available(self, worker_id: int, available: bool) -> None:
         """Whether cache ops may use the worker (the pool clears it while a worker drains / switches / fails)."""
         self.workers.set_available(self._worker(worker_id), available)
-
-    def cached_blocks(self, worker_id: int) -> int:
-        """Blocks the worker physically caches, per its reports (valid prefixes plus stray blocks)."""
-        return self._worker(worker_id).cached
-
-    def free_blocks(self, worker_id: int) -> int:
-        """capacity_blocks − cached_blocks (never negative)."""
-        return self._worker(worker_id).free
-
-    def pressure(self, worker_id: int) -> float:
-        """Cache pressure cached / capacity."""
-        return self._worker(worker_id).pressure
 
     def _worker(self, worker_id: int) -> WorkerInfo:
         w = self.workers.by_id.get(worker_id)
@@ -107,9 +113,10 @@ class CacheManager:
         return rows.tolist()
 
     # -- per request ------------------------------------------------------------------------------------------
-    def match(self, keys: Sequence[int]) -> PrefixMatch:
+    def lookup(self, keys: Sequence[int]) -> PrefixMatch:
         """Walk the trie with a request's block keys: MatchedPath length (blocks some worker holds or has
-        pending), per-worker valid leading blocks, per-worker held-or-pending leading blocks."""
+        pending), per-worker valid leading blocks, per-worker held-or-pending leading blocks, and the fetch the
+        scheduler may price (``cache.policy: queue_aware``; :func:`~vertumnus.cache.placement.fetch_offer`)."""
         trie = self.trie
         path = trie.lookup(keys)
         if path.size == 0:
@@ -119,15 +126,57 @@ class CacheManager:
         held_rows = trie.hold_col[0][path] if one else trie.holders[path]
         wid = self.workers.slot_wid
         held = leading_runs(held_rows, wid)
+        offer = fetch_offer(self.cfg, self.workers, held)
         if trie.pending_marks == 0:
             matched = max(held.values(), default=0)
             self._last = (keys, trie.version, path[:matched])
-            return PrefixMatch(matched, held, dict(held))
+            return PrefixMatch(matched, held, dict(held), offer)
         pend_rows = trie.pend_col[0][path] if one else trie.pending[path]
         both = leading_runs(held_rows | pend_rows, wid)
         matched = max(both.values(), default=0)
         self._last = (keys, trie.version, path[:matched])
-        return PrefixMatch(matched, held, both)
+        return PrefixMatch(matched, held, both, offer)
+
+    def commit(self, request: Request, match: PrefixMatch, placement: Placement, first: bool = True) -> CacheCommit:
+        """The cache's part of a placement the scheduler made on ``match`` (this request's :meth:`lookup`).
+
+        In order: the statistics (``first`` only: a re-placement after a drain or failure is the same request);
+        the copy to attach to the job — a reconcile when the worker has pending blocks beyond its valid prefix
+        and a source physically has them, else ``placement.fetch``; without a copy, the blocks a copy already
+        in flight into the worker brings (an earlier request's, attached to a job ahead of this one in the
+        worker's FCFS queue, so it lands before this prefill starts) when the placement was priced with them
+        (the engine reuses fewer if that copy fails); then the pin of the reused prefix (:meth:`release` it when
+        the request leaves the worker)."""
+        keys = request.block_keys
+        wid = placement.worker_id
+        if first:
+            self._record_placement(keys, match, request.input_len, wid, placement.preferred_degree)
+        op = self._plan_reconcile(keys, wid, match)
+        reuse = match.held_blocks.get(wid, 0)
+        if op is None and placement.fetch is not None:
+            fetch = placement.fetch
+            op = fetch_op(self.trie, self.workers, self.book, self._path(keys, fetch.blocks), wid, reuse, fetch)
+            if op is not None:
+                self.counters["fetch_ordered"] += 1
+        if op is not None:
+            if op.src_worker is not None:
+                reuse = len(op.keys)
+        else:
+            priced = placement.cached_tokens // self.cfg.block_tokens
+            if priced > reuse and self.book.incoming_at(keys[priced - 1], wid):
+                reuse = priced
+        pin = None
+        if reuse > 0:
+            w = self._worker(wid)
+            pin = Pin(wid, as_tuple(keys), min(reuse, len(keys)))
+            w.add_pin(pin.keys, pin.blocks)
+        return CacheCommit(op, reuse, pin)
+
+    def release(self, pin: Pin) -> None:
+        """Release one :meth:`commit` pin (a removed worker's pins are already gone)."""
+        w = self.workers.by_id.get(pin.worker_id)
+        if w is not None and pin.blocks > 0 and not w.drop_pin(pin.keys, pin.blocks):
+            self.counters["unmatched_unpins"] += 1
 
     def _path(self, keys: Sequence[int], n: int) -> np.ndarray:
         last_keys, version, path = self._last
@@ -135,7 +184,7 @@ class CacheManager:
             return path[:n]
         return self.trie.lookup(keys[:n])
 
-    def record_placement(
+    def _record_placement(
         self, keys: Sequence[int], match: PrefixMatch, input_len: int, worker_id: int, preferred_degree: int
     ) -> None:
         """Statistics of one placement: access[z, C_w] += 1 on the blocks ``worker_id`` reuses; missed[z,
@@ -154,99 +203,27 @@ class CacheManager:
         reused = min(held.get(worker_id, 0), path.size)
         self._recorder.record(path, reused, w.dix, preferred_degree, dix_pref, input_len)
 
-    def fetchable(self, match: PrefixMatch) -> tuple[int, float, float] | None:
-        """``cache.policy: queue_aware``: (V, s, q_max) for :meth:`Scheduler.place` — the longest valid prefix
-        an available worker holds, the seconds a block takes over the slower (inter-node) link, and
-        ``cache.fetch_max_queue_s``. None when the policy is off or less than ``hot_min_blocks`` is held."""
-        if not self.cfg.replication or self.cfg.policy != "queue_aware" or not match.held_blocks:
-            return None
-        by_id = self.workers.by_id
-        v = max((h for wid, h in match.held_blocks.items() if (w := by_id.get(wid)) is not None and w.available),
-                default=0)  # fmt: skip
-        if v < self.cfg.hot_min_blocks:
-            return None
-        c = self.cfg
-        return v, c.bytes_per_block / (min(c.intra_node_gbps, c.inter_node_gbps) * 1e9), c.fetch_max_queue_s
-
-    def plan_fetch(
-        self, keys: Sequence[int], worker_id: int, match: PrefixMatch, blocks: int, queue_of: Callable[[int], float]
+    def replicate_hot(
+        self, keys: Sequence[int], match: PrefixMatch, placement: Placement, loads: WorkerLoads, now: float
     ) -> CacheOp | None:
-        """The copy of ``keys[:blocks]`` a request placed at ``worker_id`` runs before its prefill (attached to
-        the job like a reconcile; confirmed by STORED with its op id), from an available valid holder: same node
-        first, then the least loaded, then the lowest id. None when no holder qualifies."""
-        w = self.workers.by_id.get(worker_id)
-        if w is None:
-            return None
-        have = match.held_blocks.get(worker_id, 0)
-        srcs = [
-            s for wid, h in match.held_blocks.items()
-            if h >= blocks and wid != worker_id and (s := self.workers.by_id.get(wid)) is not None and s.available
-        ]  # fmt: skip
-        if have >= blocks or not srcs:
-            return None
-        src = min(srcs, key=lambda s: (s.node != w.node, s.degree != w.degree, queue_of(s.worker_id),
-                                       s.worker_id))  # fmt: skip
-        path = self._path(keys, blocks)
-        op = CacheOp(
-            op_id=self.book.new_id(),
-            kind=CacheOpKind.REPLICATE,
-            dst_worker=worker_id,
-            keys=self.trie.keys_of(path),
-            first_missing=have,
-            src_worker=src.worker_id,
-            inter_degree=src.degree != w.degree,
-            inter_node=src.node != w.node,
-        )
-        self.book.add(op, w)
-        self.counters["fetch_ordered"] += 1
-        return op
-
-    def on_placement(
-        self,
-        keys: Sequence[int],
-        match: PrefixMatch,
-        worker_id: int,
-        queue_before_s: float,
-        predicted_s: float,
-        queues: Callable[[], Mapping[int, float]],
-        waiting: Callable[[int], int],
-    ) -> CacheOp | None:
-        """``cache.policy: queue_aware``: a REPLICATE op copying the prefix the request reuses at ``worker_id``
-        off that queued holder (:mod:`vertumnus.cache.hot_copy`), or None. Call after :meth:`record_placement`."""
+        """``cache.policy: queue_aware``: a REPLICATE op copying the prefix the request reuses at its worker off
+        that queued holder (:mod:`vertumnus.cache.hot_copy`), or None. Call after :meth:`commit` and after the
+        job is submitted (a copy never runs ahead of the request that triggered it); ``loads`` at ``now`` is
+        read only once the cheap conditions hold."""
         if not self.cfg.replication or self.cfg.policy != "queue_aware":
             return None
+        worker_id, queue_before_s = placement.worker_id, placement.queue_s
         h = match.held_blocks.get(worker_id, 0)
         if h < self.cfg.hot_min_blocks or queue_before_s <= self.cfg.copy_gain_s:
             return None  # the cheap part of hot_copy's conditions, before any path work
         path = self._path(keys, h)
         op = hot_copy.plan(self.cfg, self.trie, self.workers, self.book, path, match.held_blocks, worker_id,
-                           queue_before_s, predicted_s, queues, waiting)  # fmt: skip
+                           queue_before_s, placement.predicted_s, loads, now)  # fmt: skip
         if op is not None:
             self.counters["hot_ordered"] += 1
         return op
 
-    def copy_incoming(self, key: int, worker_id: int) -> bool:
-        """Whether a copy bringing block ``key`` into ``worker_id`` is in flight (a reconcile or fetch ordered
-        for an earlier request there)."""
-        return self.book.incoming_at(key, worker_id)
-
-    def pin(self, worker_id: int, keys: Sequence[int], n_blocks: int) -> None:
-        """Mark ``keys[:n_blocks]`` in use at the worker (queued / running request): never reclaimed there."""
-        w = self._worker(worker_id)
-        if n_blocks > 0:
-            w.add_pin(keys if type(keys) is tuple else tuple(keys), min(n_blocks, len(keys)))
-
-    def unpin(self, worker_id: int, keys: Sequence[int], n_blocks: int) -> None:
-        """Release one :meth:`pin` of the same prefix (a removed worker's pins are already gone)."""
-        w = self.workers.by_id.get(worker_id)
-        if (
-            w is not None
-            and n_blocks > 0
-            and not w.drop_pin(keys if type(keys) is tuple else tuple(keys), min(n_blocks, len(keys)))
-        ):
-            self.counters["unmatched_unpins"] += 1
-
-    def plan_reconcile(self, keys: Sequence[int], worker_id: int, match: PrefixMatch) -> CacheOp | None:
+    def _plan_reconcile(self, keys: Sequence[int], worker_id: int, match: PrefixMatch) -> CacheOp | None:
         """A RECONCILE op when the request placed at ``worker_id`` has pending blocks beyond the worker's valid
         prefix and a source physically has the missing ones; None otherwise (pending blocks without any source
         are cleared: an ordinary miss). The op is confirmed like a replication (STORED with its op id)."""
@@ -306,20 +283,11 @@ class CacheManager:
         self.counters["ops_failed"] += 1
         return self.book.pop(op_id, self.workers.by_id.get(e.op.dst_worker))
 
-    def outstanding_ops(self) -> list[CacheOp]:
-        """Ops ordered and neither confirmed nor failed, by id."""
-        return [self.book.ops[i].op for i in sorted(self.book.ops)]
-
     # -- periodic scan ----------------------------------------------------------------------------------------
-    def next_scan_s(self) -> float:
-        """When the next scan is due (``cache.scan_interval_s`` after the last; 0 before the first)."""
-        return 0.0 if self.last_scan_s is None else self.last_scan_s + self.cfg.scan_interval_s
-
     def scan(self, now: float, queue_s: Mapping[int, float]) -> list[CacheOp]:
         """The periodic scan: inter-degree, intra-degree and reclaim ops (at most ``max_ops_per_scan`` of each,
         in that order, each list in rank order), then decay and pruning of the statistics. ``queue_s``: q_w
         per worker id (missing: 0). With ``cache.replication`` off it only decays."""
-        self.last_scan_s = now
         self.counters["scans"] += 1
         trie = self.trie
         act = cstats.active_rows(trie)
@@ -330,7 +298,7 @@ class CacheManager:
             t, wk, bk = self.trie, self.workers, self.book
             ops += self._take(inter, "inter", lambda c: choose.replication(t, wk, bk, c, queue_s, True))
             queue_aware = self.cfg.policy == "queue_aware"
-            if not queue_aware:  # queue_aware makes same-degree copies at placement (on_placement)
+            if not queue_aware:  # queue_aware makes same-degree copies at placement (replicate_hot)
                 ops += self._take(intra, "intra", lambda c: choose.replication(t, wk, bk, c, queue_s, False))
             floor = self.cfg.reclaim_pressure if queue_aware else None
             kids = choose.child_marks(t, [c.row for c in recl])
@@ -340,6 +308,19 @@ class CacheManager:
         replicas = cfg.replication and cfg.max_ops_per_scan > 0 and cfg.theta_reclaim > 0
         self.counters["stats_dropped"] += cstats.decay(trie, cfg.decay, cfg.epsilon, act, acc, mis, replicas)
         return ops
+
+    def skip_scans(self, scans: int) -> None:
+        """Count ``scans`` scans skipped over an idle stretch (each would have changed nothing; see
+        :meth:`idle_state`)."""
+        self.counters["scans"] += scans
+
+    def idle_state(self) -> tuple[int, float]:
+        """(rows with live statistics, the sum of their statistics): equal before and after a scan period
+        without requests means the scans in between only decayed nothing away."""
+        trie = self.trie
+        act = trie.active.rows()
+        stats = float(trie.access[:, act].sum() + trie.missed[:, act].sum()) if act.size else 0.0
+        return int(act.size), stats
 
     def _take(self, cands: list[Candidate], name: str, build: Callable[[Candidate], CacheOp | None]) -> list[CacheOp]:
         out: list[CacheOp] = []
@@ -385,6 +366,10 @@ class CacheManager:
         return reconfigure.traffic(self.trie, reconfigure.layout(self.trie, self.workers, plan))
 
     # -- introspection ----------------------------------------------------------------------------------------
+    def cached_blocks(self, worker_id: int) -> int:
+        """Blocks the worker physically caches, per its reports (valid prefixes plus stray blocks)."""
+        return self._worker(worker_id).cached
+
     def stats(self) -> dict[str, float]:
         """Counters: trie size, active rows, workers, outstanding ops, ops ordered / confirmed / failed,
         reconciliations, ignored reports, and the bytes-per-node estimate."""
@@ -393,29 +378,9 @@ class CacheManager:
             "active_nodes": len(self.trie.active),
             "workers": len(self.workers.by_id),
             "outstanding_ops": len(self.book),
-            "bytes_per_node": self.bytes_per_node(),
+            "bytes_per_node": cstats.bytes_per_node(self.trie),
         }
         for k in _COUNTERS:
             out[k] = self.counters[k]
         out["replications_ordered"] = out["inter_ordered"] + out["intra_ordered"]
         return out
-
-    def check_invariants(self) -> None:
-        """Assert every trie invariant (O(trie size); tests and debugging)."""
-        invariants.check(self.trie, self.workers)
-
-    def node_stats(self, key: int) -> tuple[dict[int, float], dict[int, float]]:
-        """(access, missed) per degree of the block ``key`` (empty dicts if the trie has no such block)."""
-        row = self.trie.index.get(key)
-        if row is None:
-            return {}, {}
-        acc, mis = self.trie.access[:, row].tolist(), self.trie.missed[:, row].tolist()
-        return dict(zip(self.degrees, acc, strict=True)), dict(zip(self.degrees, mis, strict=True))
-
-    def bytes_per_node(self) -> float:
-        """Estimated bytes per trie node: node arrays, the key dict and its key objects, the active set.
-        (The benchmark measures the real figure with tracemalloc.)"""
-        t = self.trie
-        n = max(t.n_nodes, 1)
-        total = t.nbytes() + sys.getsizeof(t.index) + 36 * t.n_nodes + sys.getsizeof(t.active)
-        return total / n

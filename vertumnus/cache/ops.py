@@ -91,6 +91,10 @@ class OpBook:
             dst.reserved -= e.reserved
         return op
 
+    def outstanding(self) -> list[CacheOp]:
+        """Ops ordered and neither confirmed nor failed, by id."""
+        return [self.ops[i].op for i in sorted(self.ops)]
+
     def involving(self, worker_id: int) -> list[int]:
         """Ids of ops whose source or destination is ``worker_id``."""
         return [i for i, e in self.ops.items() if worker_id in (e.op.dst_worker, e.op.src_worker)]

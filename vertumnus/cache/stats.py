@@ -8,6 +8,9 @@ with live statistics and surplus replicas, never with the size of the trie.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
+
 import numpy as np
 
 from vertumnus.cache.trie import Trie
@@ -122,3 +125,20 @@ def decay(
 def active_rows(trie: Trie) -> np.ndarray:
     """The active rows as a sorted int64 array."""
     return trie.active.rows()
+
+
+def node_stats(trie: Trie, degrees: Sequence[int], key: int) -> tuple[dict[int, float], dict[int, float]]:
+    """(access, missed) per degree of the block ``key`` (empty dicts if the trie has no such block)."""
+    row = trie.index.get(key)
+    if row is None:
+        return {}, {}
+    acc, mis = trie.access[:, row].tolist(), trie.missed[:, row].tolist()
+    return dict(zip(degrees, acc, strict=True)), dict(zip(degrees, mis, strict=True))
+
+
+def bytes_per_node(trie: Trie) -> float:
+    """Estimated bytes per trie node: node arrays, the key dict and its key objects, the active set.
+    (The benchmark measures the real figure with tracemalloc.)"""
+    n = max(trie.n_nodes, 1)
+    total = trie.nbytes() + sys.getsizeof(trie.index) + 36 * trie.n_nodes + sys.getsizeof(trie.active)
+    return total / n

@@ -14,8 +14,13 @@ One placement, for request i with L tokens and the trie's match:
    worker must allocate (its held prefix is resident already);
 5. C_pref = degree of argmin_w Ê_w·(β + λ·(C_w − C_min)/C_min) — J without q — for the cache statistics.
 
-A request no worker could ever serve raises :class:`RequestRejected`; "nothing schedulable right now" returns
-None (the pool keeps the request in its backlog).
+With a fetch offered (``PrefixMatch.fetch``, ``cache.policy: queue_aware``) a worker may also be priced with the
+offered prefix copied in before its prefill; the placement then carries the copy as ``Placement.fetch`` (source:
+an offered holder, same node first, then the same degree, then the shorter queue, then the lower id).
+
+Admission (:meth:`Scheduler.check_admissible`: could any worker ever serve the request) is the caller's, once per
+placement attempt; :meth:`Scheduler.place` assumes it. "Nothing schedulable right now" returns None (the pool keeps
+the request in its backlog).
 """
 
 from __future__ import annotations
@@ -27,25 +32,16 @@ import numpy as np
 
 from vertumnus.config import VertumnusConfig
 from vertumnus.cost_model import CostModel
-from vertumnus.scheduler.policy import PlacementCostPolicy, RoutingPolicy, WorkerView
+from vertumnus.scheduler.admission import RequestRejected, admission_check
+from vertumnus.scheduler.policy import PlacementCostPolicy, RoutingPolicy
 from vertumnus.scheduler.table import Ticket, WorkerInfo, WorkerTable
-from vertumnus.types import Placement, PrefixMatch, Request, WorkerState
+from vertumnus.scheduler.views import choose as choose_by_views
+from vertumnus.types import FetchOffer, FetchPlan, Placement, PrefixMatch, Request, WorkerState
 
+__all__ = ["RequestRejected", "Scheduler"]
 
-class RequestRejected(ValueError):
-    """A request no worker of this pool can ever serve.
-
-    ``reason``: ``"too_long"`` (``limit`` = max_model_len tokens), ``"no_capacity_fit"`` (``limit`` = the
-    largest worker KV capacity in blocks), ``"empty"`` (``limit`` = 1 token). ``needed``: the request's value
-    in the same unit.
-    """
-
-    def __init__(self, request_id: str, reason: str, limit: int, needed: int, message: str) -> None:
-        super().__init__(message)
-        self.request_id = request_id
-        self.reason = reason
-        self.limit = limit
-        self.needed = needed
+# How a candidate's Ê was priced: its valid prefix only, a pending prefix reconciled first, or a fetched prefix.
+_HELD, _PENDING, _FETCHED = 0, 1, 2
 
 
 @dataclass(slots=True)
@@ -58,6 +54,7 @@ class _Choice:
     est: float  # Ê
     queue: float  # q_w(now)
     pref_degree: int
+    priced: int = _HELD  # _HELD / _PENDING / _FETCHED: what ``cached`` counts beyond the valid prefix
 
 
 class Scheduler:
@@ -149,40 +146,20 @@ class Scheduler:
 
     def check_admissible(self, request: Request) -> None:
         """Raise :class:`RequestRejected` if no worker of this pool could ever serve the request."""
-        rid, n = request.request_id, request.input_len
-        if n < 1:
-            raise RequestRejected(rid, "empty", 1, n, f"request {rid!r} has no input tokens")
-        if n > self.max_model_len:
-            raise RequestRejected(
-                rid, "too_long", self.max_model_len, n,
-                f"request {rid!r} has {n} input tokens, more than max_model_len={self.max_model_len}",
-            )  # fmt: skip
-        need = self.blocks_needed(request)
-        if need > self._max_capacity:
-            raise RequestRejected(
-                rid, "no_capacity_fit", self._max_capacity, need,
-                f"request {rid!r} needs {need} KV blocks of {self.block_tokens} tokens; the largest worker "
-                f"holds {self._max_capacity}",
-            )  # fmt: skip
+        admission_check(request, self.max_model_len, self._max_capacity, self.block_tokens)
 
-    def place(
-        self,
-        request: Request,
-        match: PrefixMatch,
-        now: float,
-        first: bool = True,
-        fetch: tuple[int, float, float] | None = None,
-    ) -> Placement | None:
+    def place(self, request: Request, match: PrefixMatch, now: float, first: bool = True) -> Placement | None:
         """Choose a worker and reserve; None when no worker is eligible right now.
 
-        Raises :class:`RequestRejected` (see :meth:`check_admissible`). ``first``: False for a re-placement
-        (drain / failure), recorded on the ticket so window demand counts each request once. ``fetch`` =
-        (V, s, q_max): a worker with q_w ≤ q_max may copy the first V blocks from a valid holder at s seconds a
-        block before its prefill (``cache.policy: queue_aware``): holding h < V blocks, it is priced at the
-        better of E_C(L − hB, hB) and E_C(L − VB, VB) + (V − h)·s. q_max bounds how long the source must keep
-        the blocks until the prefill starts. Placement-cost routing only.
+        Precondition: the request is admissible (:meth:`check_admissible`, the caller's). ``first``: False for a
+        re-placement (drain / failure), recorded on the ticket so window demand counts each request once.
+        ``match.fetch`` = (V, s, q_max, sources): a worker with q_w ≤ q_max may copy the first V blocks from a
+        valid holder at s seconds a block before its prefill (``cache.policy: queue_aware``): holding h < V
+        blocks, it is priced at the better of E_C(L − hB, hB) and E_C(L − VB, VB) + (V − h)·s. q_max bounds how
+        long the source must keep the blocks until the prefill starts. Placement-cost routing only.
+        ``Placement.fetch`` is the copy when the chosen price counts blocks beyond the worker's valid prefix
+        (fetched, or pending: then the cache runs it only if no reconcile brings them) and a source exists.
         """
-        self.check_admissible(request)
         if request.request_id in self.tickets:
             raise ValueError(f"request {request.request_id!r} is already placed")
         t = self.table
@@ -197,7 +174,7 @@ class Scheduler:
             return None
         c_min = self._degs[first_row]
         if self._vectorised:
-            ch = self._choose_fast(request.input_len, match, eligible, c_min, now, fetch)
+            ch = self._choose_fast(request.input_len, match, eligible, c_min, now)
         else:
             ch = self._choose_views(request, match, eligible, c_min, now)
         k = ch.row
@@ -213,12 +190,31 @@ class Scheduler:
             cost=ch.queue + ch.est * self._factor(info.degree, c_min),
             preferred_degree=ch.pref_degree,
             epoch=info.epoch,
+            fetch=self._fetch_plan(match.fetch, info, ch, now) if ch.priced != _HELD else None,
         )
         missing = need - min(ch.held, need)  # the held prefix is resident: only these blocks are allocated
         ticket = Ticket(request, placement, missing, missing, first_placement=first)
         t.reserve(ticket)
         self.tickets[request.request_id] = ticket
         return placement
+
+    def _fetch_plan(self, offer: FetchOffer | None, dst: WorkerInfo, ch: _Choice, now: float) -> FetchPlan | None:
+        """The copy of the offered prefix to ``dst`` (None: nothing offered, ``dst`` holds it, or no other holder).
+
+        Source: an offered holder other than ``dst``, on the same node first, then of the same degree, then with
+        the shorter queue, then the lower id. A source's q_w is the same before and after ``dst``'s reservation."""
+        if offer is None or ch.held >= offer.blocks:
+            return None
+        t = self.table
+        best: tuple[bool, bool, float, int] | None = None
+        for wid in offer.sources:
+            if wid == dst.worker_id:
+                continue
+            s = t.infos[t.index[wid]]
+            key = (s.node != dst.node, s.degree != dst.degree, t.queue_s(wid, now), wid)
+            if best is None or key < best:
+                best = key
+        return None if best is None else FetchPlan(best[3], offer.blocks)
 
     def _credit_holders(self, eligible: np.ndarray, match: PrefixMatch, need: int) -> None:
         """Make eligible (in place) the ACTIVE holders of the prompt's prefix that lack free KV for the whole
@@ -248,7 +244,6 @@ class Scheduler:
         eligible: np.ndarray,
         c_min: int,
         now: float,
-        fetch: tuple[int, float, float] | None = None,
     ) -> _Choice:
         """argmin J without per-worker Ê for non-holders.
 
@@ -256,7 +251,7 @@ class Scheduler:
         non-holders of a degree the one with the least q_w (lower id on ties) is the only candidate (J is monotone
         in q_w for one Ê, also in floating point, and the tie rule prefers the shorter queue); holders
         (few) are evaluated one by one. Result identical to the row-wise argmin with the (C, q_w, id) tie rule.
-        With ``fetch`` a non-holder's Ê depends on q_w (the copy overlaps the wait), and for a degree with a
+        With a fetch offered a non-holder's Ê depends on q_w (the copy overlaps the wait), and for a degree with a
         factor above 1 two more non-holders per degree are candidates (see the sketch below); the choice
         attains the least J of all eligible rows (to rounding: where the factor is exactly 1, J is flat in q_w
         up to the copy time in exact arithmetic and the shortest queue is taken).
@@ -282,10 +277,15 @@ class Scheduler:
         predict = self.cost.predict
         ids = self._ids
         B = self.block_tokens
-        fv, fs, fq = fetch if fetch is not None and fetch[0] > 0 else (0, 0.0, 0.0)
+        offer = match.fetch
+        if offer is not None and offer.blocks > 0:
+            fv, fs, fq = offer.blocks, offer.block_s, offer.max_queue_s
+        else:
+            fv, fs, fq = 0, 0.0, 0.0
         f_cached = min(fv * B, L - 1)
-        # Candidates as (J, degree, q, worker id, row, held, P, Ê): tuple order is the tie rule.
-        best: tuple[float, int, float, int, int, int, int, float] | None = None
+        # Candidates as (J, degree, q, worker id, row, held, P, Ê, priced): tuple order is the tie rule (rows are
+        # distinct, so nothing after the row is ever compared).
+        best: tuple[float, int, float, int, int, int, int, float, int] | None = None
         pref: tuple[float, int] | None = None  # (β·Ê + λ-term, degree)
         factors: dict[int, float] = {}
         copy_s = fv * fs
@@ -324,12 +324,12 @@ class Scheduler:
                     rows += [k for k in (kb, ka) if k >= 0 and k != j]
             for j in rows:
                 qj = float(qm[j])
-                e, p = predict(c, L, 0), 0
+                e, p, how = predict(c, L, 0), 0, _HELD
                 if fv and qj <= fq:
                     e_f = predict(c, L - f_cached, f_cached) + max(0.0, copy_s - qj)
                     if e_f < e:
-                        e, p = e_f, f_cached
-                cand = (qj + e * f, c, qj, ids[j], j, 0, p, e)
+                        e, p, how = e_f, f_cached, _FETCHED
+                cand = (qj + e * f, c, qj, ids[j], j, 0, p, e, how)
                 if best is None or cand < best:
                     best = cand
                 if pref is None or (e * f, c) < pref:
@@ -341,66 +341,33 @@ class Scheduler:
                 f = factors[c]
                 cached = min(h * B, L - 1)
                 e = predict(c, L - cached, cached)
+                how = _HELD
                 p = pend.get(ids[k], 0) if pend else 0
                 if p > h:  # reconcile the pending blocks before the prefill (an upper bound: some are present)
                     assert self.pending_block_s is not None
                     p_cached = min(p * B, L - 1)
                     e_p = predict(c, L - p_cached, p_cached) + max(0.0, (p - h) * self.pending_block_s - qk)
                     if e_p < e:
-                        e, cached = e_p, p_cached
+                        e, cached, how = e_p, p_cached, _PENDING
                 if fv > h and qk <= fq:
                     e_f = predict(c, L - f_cached, f_cached) + max(0.0, (fv - h) * fs - qk)
                     if e_f < e:
-                        e, cached = e_f, f_cached
-                cand = (qk + e * f, c, qk, ids[k], k, h, cached, e)
+                        e, cached, how = e_f, f_cached, _FETCHED
+                cand = (qk + e * f, c, qk, ids[k], k, h, cached, e, how)
                 if best is None or cand < best:
                     best = cand
                 if pref is None or (e * f, c) < pref:
                     pref = (e * f, c)
         assert best is not None and pref is not None
-        _, _, qk, _, row, held, cached, est = best
-        return _Choice(row, held, cached, est, qk, pref[1])
+        _, _, qk, _, row, held, cached, est, how = best
+        return _Choice(row, held, cached, est, qk, pref[1], how)
 
     def _choose_views(
         self, request: Request, match: PrefixMatch, eligible: np.ndarray, c_min: int, now: float
     ) -> _Choice:
-        """Row-wise Ê and J for every worker, then the router over WorkerViews of the eligible rows."""
-        t = self.table
-        L = request.input_len
-        held = np.zeros(len(t.infos), dtype=np.int64)
-        for wid, h in match.held_blocks.items():
-            i = t.index.get(wid)
-            if i is not None:
-                held[i] = h
-        p = np.minimum(held * self.block_tokens, L - 1)
-        r = L - p
-        est = np.empty(len(t.infos), dtype=np.float64)
-        for c, lo, hi in self._slices:
-            est[lo:hi] = self.cost.predict_degree(c, r[lo:hi], p[lo:hi])
-        weighted = est * (self.beta + self.lam * (t.degree - c_min) / c_min)
-        weighted[~eligible] = np.inf
-        q = t.queue_vector(now)
-        views = [
-            WorkerView(
-                worker_id=t.infos[i].worker_id,
-                degree=int(t.degree[i]),
-                node=t.infos[i].node,
-                state=WorkerState(int(t.state[i])),
-                queue_s=float(q[i]),
-                outstanding_blocks=int(t.outstanding[i]),
-                free_blocks=int(t.free_blocks[i]),
-                held_blocks=int(held[i]),
-                cached_tokens=int(p[i]),
-                predicted_s=float(est[i]),
-            )
-            for i in np.flatnonzero(eligible)
-        ]
-        wid = self.router.choose(request, match, views, now)
-        k = t.index.get(wid)
-        if k is None or not eligible[k]:
-            raise ValueError(f"routing policy {type(self.router).__name__} chose non-candidate worker {wid}")
-        pref = int(t.degree[int(np.argmin(weighted))])
-        return _Choice(k, int(held[k]), int(p[k]), float(est[k]), float(q[k]), pref)
+        """A custom routing policy's choice (:func:`vertumnus.scheduler.views.choose`)."""
+        args = (self.table, self._slices, self.cost, self.router, self.block_tokens, self.beta, self.lam)
+        return _Choice(*choose_by_views(*args, request, match, eligible, c_min, now))
 
     def started(self, request_id: str, worker_id: int, now: float) -> bool:
         """The engine began the prefill; False if the report is stale (request re-placed or unknown)."""

@@ -54,7 +54,7 @@ class ClairvoyantForecast:
         out = []
         for r in self.requests[lo:hi]:
             keys = r.block_keys
-            held = max(self.cache.match(keys).held_blocks.values(), default=0)
+            held = max(self.cache.lookup(keys).held_blocks.values(), default=0)
             a, b = held, len(keys)  # invariant: keys[:a] covered; the answer lies in [a, b]
             while a < b:
                 mid = (a + b + 1) // 2

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 from vertumnus.config import format_composition
 from vertumnus.controller.lattice import LatticeOp
-from vertumnus.pool import PrefillPool
 from vertumnus.engines.sim.events import EventKind
+from vertumnus.pool import PrefillPool
 from vertumnus.types import ReconfigKind, WorkerState
 
 if TYPE_CHECKING:
