@@ -86,9 +86,9 @@ def arrival_lists(*fields: st.SearchStrategy[Any], max_size: int) -> st.SearchSt
         max_size=12,
     )
 )
-# Found by CI (2026-12-06): workers 2 and 3 end with queues an ulp apart (0.030065790005151433 vs ...143, one a sum
+# A case Hypothesis found: workers 2 and 3 end with queues an ulp apart (0.030065790005151433 vs ...143, one a sum
 # less the running part) whose J rounds to the same value: the vectorised path took the shorter queue (3), the
-# views the lower id (2). The tie rule is now lower degree, then shorter queue, then lower id, on both paths.
+# views the lower id (2). The tie rule is lower degree, then shorter queue, then lower id, on both paths.
 @example(arrivals=[(5, {}, 0.0, None), (33, {}, 0.0, 3), (5, {}, 0.5, None), (64, {}, 0.0, None)])
 def test_vectorised_default_equals_placement_cost_over_views(
     arrivals: list[tuple[int, dict[int, int], float, int | None]],
@@ -137,7 +137,7 @@ def _least_j(s: Scheduler, n: int, held: dict[int, int], fetch: tuple[int, float
 
 @settings(max_examples=80, deadline=None)
 @given(arrivals=arrival_lists(*FETCH_ARRIVAL, max_size=14))
-# Found by this test (2026-12-07, 3,000 examples) before the fix: the last arrival (a 1-block fetch) went to idle
+# A case this test found (3,000 examples): the last arrival (a 1-block fetch) went to idle
 # CP4 worker 3 at J 0.1218234, while CP4 worker 2, finishing a prefill in less than the copy takes, had J 0.1218216
 # (the copy hides behind that remainder): the fast path had taken each degree's shortest queue only.
 @example(arrivals=[(4000, {}, 0.0, None, (0, 0.0, 0.0)), (4000, {}, 0.0, None, (0, 0.0, 0.0)),
