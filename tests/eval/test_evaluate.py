@@ -14,19 +14,19 @@ import yaml
 
 from vertumnus.cli.main import main
 from vertumnus.config import parse_composition
+from vertumnus.eval.clairvoyant import clairvoyant_forecaster
 from vertumnus.eval.digest import RunDigest, mean_digest
 from vertumnus.eval.eval_report import HEAD, markdown_phases, markdown_summary, row, verdict_line, workload_heading
 from vertumnus.eval.eval_results import SWEEP_FLOAT_STEPS, SWEEP_INT_STEPS, SWEEP_KEYS
 from vertumnus.eval.eval_set import load_eval_set
 from vertumnus.eval.evaluate import evaluate
 from vertumnus.eval.phase_stats import phase_summaries
+from vertumnus.eval.prescient import PrescientSteer
 from vertumnus.eval.sensitivity import parse_sweep
 from vertumnus.eval.tasks import STATIC
 from vertumnus.eval.verdict import EvalResult, WorkloadResult, derive
-from vertumnus.sim.clairvoyant import clairvoyant_forecaster
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.policies import all_compositions
-from vertumnus.sim.prescient import PrescientSteer
 from vertumnus.sim.runner import Simulation, run_policy
 
 EXCERPT = Path(__file__).resolve().parents[1] / "data" / "conversation_excerpt.jsonl"

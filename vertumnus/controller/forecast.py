@@ -7,7 +7,7 @@ Every forecaster answers one question, ``forecaster(now)``, behind :class:`Forec
            tiled, a quiet one at its rate)
     burst  the arrivals of only the last seconds, repeated over the span (:meth:`ArrivalLog.burst`)
     ...    a reference outside the production controller, e.g. the evaluation's clairvoyant forecast
-           (:mod:`vertumnus.sim.clairvoyant`), injected with :meth:`Controller.use_forecaster
+           (:mod:`vertumnus.eval.clairvoyant`), injected with :meth:`Controller.use_forecaster
            <vertumnus.controller.controller.Controller.use_forecaster>`
 """
 

@@ -9,11 +9,11 @@ routing and cache manager). From those per-run numbers (:func:`derive`):
   that phase; its whole-run figure is the request-weighted mean of those per-phase means (an idealised bound:
   it switches for free and every phase starts from that composition's own history);
 - ratios of the policy's mean TTFT to the best fixed, to its own start composition held fixed, to the oracle;
-- the prescient start (:mod:`vertumnus.sim.prescient`): the start composition moved at t = 0 to the best fixed
+- the prescient start (:mod:`vertumnus.eval.prescient`): the start composition moved at t = 0 to the best fixed
   one with the pool's own operations, then held — a reference, not a criterion: its ratio to the best fixed is the
   start-up cost no controller that only converges to the best fixed composition avoids (its runs follow the fixed
   ones, which name the target; a workload that starts on its best fixed composition needs none);
-- the clairvoyant controller (:mod:`vertumnus.sim.clairvoyant`): the policy with the predictive controller's
+- the clairvoyant controller (:mod:`vertumnus.eval.clairvoyant`): the policy with the predictive controller's
   forecast replaced by the requests that will arrive — a reference, not a criterion: its ratio to the best fixed
   is what the controller still pays with a perfect forecast, and the policy's ratio to it what the forecast's
   error costs (run only for a policy whose config selects the predictive controller);

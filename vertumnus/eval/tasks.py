@@ -11,16 +11,16 @@ from functools import lru_cache
 
 from vertumnus.config import VertumnusConfig, parse_composition
 from vertumnus.cost_model import CostModel
+from vertumnus.eval.clairvoyant import clairvoyant_forecaster
 from vertumnus.eval.digest import PHASE_KEYS, SUMMARY_KEYS, RunDigest, mean_digest
 from vertumnus.eval.eval_set import EvalSet, load_eval_set
 from vertumnus.eval.parallel import run_parallel
 from vertumnus.eval.phase_stats import phase_summaries
+from vertumnus.eval.prescient import PrescientSteer
 from vertumnus.eval.protocol import Generated
 from vertumnus.eval.verdict import Overrides, best_fixed
-from vertumnus.sim.clairvoyant import clairvoyant_forecaster
 from vertumnus.sim.inputs import load_cost, load_sim_config
 from vertumnus.sim.policies import all_compositions, check_policy, normalise_composition
-from vertumnus.sim.prescient import PrescientSteer
 from vertumnus.sim.runner import run_policy
 from vertumnus.types import Request
 
@@ -60,7 +60,7 @@ class Task:
     overrides: Overrides = ()
     replicate: int = 0  # request stream (eval_set module docstring)
     target: str = ""  # a prescient start from ``composition`` to this composition ("": none)
-    clairvoyant: bool = False  # the clairvoyant reference of ``policy`` (vertumnus.sim.clairvoyant)
+    clairvoyant: bool = False  # the clairvoyant reference of ``policy`` (vertumnus.eval.clairvoyant)
 
 
 @lru_cache(maxsize=4)

@@ -1,14 +1,14 @@
-"""The clairvoyant reference (vertumnus.sim.clairvoyant): the predictive controller handed the requests to come
+"""The clairvoyant reference (vertumnus.eval.clairvoyant): the predictive controller handed the requests to come
 instead of its forecast — the forecast's exact form, and the controller acting on it in a real simulation."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.sim.test_prescient import COST, cfg
+from tests.eval.test_prescient import COST, cfg
 from vertumnus.cache.manager import CacheManager
 from vertumnus.config import CacheConfig
-from vertumnus.sim.clairvoyant import ClairvoyantForecast, clairvoyant_forecaster
+from vertumnus.eval.clairvoyant import ClairvoyantForecast, clairvoyant_forecaster
 from vertumnus.sim.runner import Simulation
 from vertumnus.sim.workload import TraceRecord, build_requests
 from vertumnus.types import CacheReport, CacheReportKind, Request

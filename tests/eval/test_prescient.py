@@ -1,4 +1,4 @@
-"""The prescient start (vertumnus.sim.prescient): the start composition steered to a target at once with the
+"""The prescient start (vertumnus.eval.prescient): the start composition steered to a target at once with the
 pool's own operations, then held — on the real pool over the sim data plane."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from vertumnus.config import DEFAULT_PROFILE, REPO_ROOT, config_from_dict, parse_composition
 from vertumnus.cost_model import CostModel
-from vertumnus.sim.prescient import PrescientSteer
+from vertumnus.eval.prescient import PrescientSteer
 from vertumnus.sim.runner import Simulation
 from vertumnus.sim.workload import TraceRecord, build_requests
 
