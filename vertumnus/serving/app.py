@@ -37,7 +37,8 @@ from fastapi.responses import JSONResponse, Response
 from vertumnus.serving.errors import APIError, install_error_handlers
 from vertumnus.serving.holds import HoldAt, HookedDataPlane, PrefillHolds
 from vertumnus.serving.model_api import add_model_routes
-from vertumnus.serving.openai_api import OpenAIHandlers, parse_body
+from vertumnus.serving.openai_api import OpenAIHandlers
+from vertumnus.serving.request_validation import parse_body
 from vertumnus.serving.runtime import ServingRuntime
 from vertumnus.serving.schemas import (
     FailRequest,
