@@ -68,7 +68,7 @@ class Generation:
         self._live.discard(self.sub.timeline.request_id)
         if not self._started:
             self.rt.cancel_unstarted(self.sub)
-        self.rt.release()
+        self.rt.admission.release()
 
     async def collect(self) -> tuple[str, list[int], str | None]:
         async for _ in self.deltas():

@@ -132,7 +132,7 @@ class OpenAIHandlers:
         except APIError:
             rt.metrics.requests.labels("invalid").inc()
             raise
-        rt.check_length(len(ids))
+        rt.admission.check_length(len(ids))
         max_tokens = body.max_tokens or self.default_max_tokens
         if len(ids) + max_tokens > self.max_model_len:
             raise APIError(
@@ -147,12 +147,12 @@ class OpenAIHandlers:
         k = body.logprobs_k()
         params = SamplingParams(max_tokens, body.temperature, body.top_p, body.seed, stop_ids, logprobs=k)
         lp_fmt = None if k is None else LogprobFormatter(self._token_text(body), start_offset=len(echo))
-        rt.admit()
+        rt.admission.admit()
         try:
             slo = None if body.ttft_slo_ms is None else body.ttft_slo_ms / 1000.0
             sub = rt.submit(rid, ids, max_tokens, slo, body.user, arrival)
         except BaseException:
-            rt.release()
+            rt.admission.release()
             raise
         self._live.add(rid)
         gen = Generation(rt, sub, params, eos | stop_ids, TextStream(self.tok, body.stop_list()), self._live)
