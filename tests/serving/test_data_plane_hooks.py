@@ -107,7 +107,7 @@ def plane(replies: dict[int, Reply]) -> tuple[RayDataPlane, Events, dict[int, Ra
     ranks = {r: Rank(reply) for r, reply in replies.items()}
     for r, rank in ranks.items():
         dp.ranks.actors[r] = rank
-        dp._new_worker(WorkerGroup(r, 0, r, 1))
+        dp.new_worker(WorkerGroup(r, 0, r, 1))
     return dp, ev, ranks
 
 

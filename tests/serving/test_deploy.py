@@ -18,7 +18,7 @@ from vertumnus.config import config_from_dict, load_config
 from vertumnus.engines.vllm.metrics import VllmCollector
 from vertumnus.serving.hosting import NodePlacement
 from vertumnus.serving.metrics import ServingMetrics, WorkerRow
-from vertumnus.serving.ray_data_plane import PlacementCollector
+from vertumnus.serving.ray_placement import PlacementCollector
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

@@ -37,7 +37,8 @@ from fastapi.responses import JSONResponse, Response
 from vertumnus.serving.errors import APIError, install_error_handlers
 from vertumnus.serving.holds import HoldAt, HookedDataPlane, PrefillHolds
 from vertumnus.serving.model_api import add_model_routes
-from vertumnus.serving.openai_api import OpenAIHandlers, parse_body
+from vertumnus.serving.openai_api import OpenAIHandlers
+from vertumnus.serving.request_validation import parse_body
 from vertumnus.serving.runtime import ServingRuntime
 from vertumnus.serving.schemas import (
     FailRequest,
@@ -86,9 +87,9 @@ def create_app(
     async def health() -> JSONResponse:
         """200 while at least one worker can serve; 503 with the reason while starting or while every worker
         is FAILED (restarting). ``/ready`` is the Kubernetes readiness probe's name for the same check."""
-        reason = runtime.unavailable()
+        reason = runtime.admission.unavailable()
         if reason is not None:
-            status = "starting" if not runtime.ready else "unavailable"
+            status = "starting" if not runtime.admission.ready else "unavailable"
             return JSONResponse({"status": status, "reason": reason}, status_code=503, headers={"Retry-After": "5"})
         return JSONResponse({"status": "ok"})
 
@@ -112,7 +113,7 @@ def create_app(
             "workers": [r.as_json() for r in runtime.worker_rows(snap)],
             "backlog": snap.backlog,
             "placed": snap.inflight,
-            "inflight": runtime.inflight,
+            "inflight": runtime.admission.inflight,
             "reconfiguring": snap.reconfiguring,
             "reconfigs_done": snap.reconfigs_done,
             "last_window": snap.last_window,

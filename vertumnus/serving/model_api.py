@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 
 from vertumnus.config import VertumnusConfig
 from vertumnus.serving.errors import APIError, check_model
-from vertumnus.serving.openai_api import parse_body
+from vertumnus.serving.request_validation import parse_body
 from vertumnus.serving.schemas import DetokenizeRequest, ModelCard, ModelList, TokenizeRequest
 from vertumnus.serving.tokenizer import ChatTurn, Tokenizer
 

@@ -13,6 +13,9 @@ Request lifecycle (all on the loop)::
     admit (429 past serving.max_inflight) ─► Request(block keys hashed once) ─► pool.submit ─► ... engine ...
     ─► pool listener request_done (exactly once) ─► take hand-off ─► decode stream ─► first token (TTFT) ─► done
 
+Admission (ready, some worker can serve, in-flight slots, prompt length) is vertumnus/serving/admission.py; the
+pool's timers and the predictive decision thread are vertumnus/serving/pool_timer.py.
+
 A client that goes away closes the generator: before its prefill finished the request is marked cancelled and
 its hand-off is dropped on arrival (the prefill itself is not interrupted: a CP step is not preemptible); during
 decode the backend's ``abort`` frees the decode KV at once.
@@ -31,14 +34,15 @@ from typing import Any
 
 from vertumnus.cache.block_keys import keys_from_tokens
 from vertumnus.config import VertumnusConfig
-from vertumnus.controller.controller import PendingDecision
 from vertumnus.cost_model import CostModel
 from vertumnus.interfaces import DataPlane, EngineStatsSource
 from vertumnus.pool import GAVE_UP_ERROR, PoolSnapshot, PrefillPool, RequestRejected
+from vertumnus.serving.admission import UNAVAILABLE_FAIL_S, Admission
 from vertumnus.serving.errors import APIError
 from vertumnus.serving.handoff import DecodeBackend, DecodeChunk, DecodeRequest, Handoff, HandoffSource
 from vertumnus.serving.metrics import ServingMetrics, WorkerRow
 from vertumnus.serving.observed import ObservedDataPlane
+from vertumnus.serving.pool_timer import PoolTimer
 from vertumnus.serving.sampling import SamplingParams
 from vertumnus.serving.timeline import Timeline, TimelineLog
 from vertumnus.types import (
@@ -49,15 +53,9 @@ from vertumnus.types import (
     ReconfigKind,
     ReconfigPlan,
     Request,
-    WorkerState,
 )
 
 log = logging.getLogger("vertumnus.serving")
-
-# while no worker can serve (every one FAILED, restarting) new requests get 503 at once; requests already
-# accepted wait for the restart (their prefills are re-placed, FCFS), but no longer than this: then they get 503
-# too, so nobody hangs on a pool whose restarts keep failing (a restart retries with backoff meanwhile)
-UNAVAILABLE_FAIL_S = 180.0
 
 
 @dataclass(slots=True)
@@ -90,29 +88,21 @@ class ServingRuntime:
         # decided once: a Protocol isinstance check costs ~0.5 ms, far too much per request
         self._handoff_source = data_plane if isinstance(data_plane, HandoffSource) else None
         self.pool = PrefillPool(cfg, cost, self.data_plane, clock)
-        # The predictive replay (~20 ms at 64 workers) runs in a thread, not on the event loop that serves
-        # requests: the timer hands it over (_timer_loop) and applies its result back on the loop.
-        self.pool.controller.defer_decisions = True
-        self._decision: asyncio.Task[None] | None = None
+        # window ends, cache scans and the predictive decision (in a thread) run off this timer
+        self.timer = PoolTimer(self.pool, clock, self._fail_overdue)
         self.pool.add_listener(self)
         self.metrics = ServingMetrics(self.worker_rows, cfg.pool.degrees, lambda: self.pool.rebalanced)
         # the engine's own counters (vLLM: KV-event feeds, logical reclamations, restarts) join /metrics
         self.engine_stats_source = data_plane if isinstance(data_plane, EngineStatsSource) else None
         if self.engine_stats_source is not None:
             self.metrics.registry.register(self.engine_stats_source.collector())
+        self.admission = Admission(cfg, self.pool, self.metrics)
         self.timelines = TimelineLog()
         self.block_tokens = cfg.cache.block_tokens
-        self.max_inflight = cfg.serving.max_inflight
-        self.inflight = 0
         self._pending: dict[str, Submission] = {}
         self._id_tag = secrets.token_hex(7)
         self._ids = itertools.count()
-        self._timer: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
-        self.ready = False
-        self._failure: dict[int, str] = {}  # worker -> why it last failed (/health's reason while none serves)
-        self._unavailable_since: float | None = None
-        self._failed_state = int(WorkerState.FAILED)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def start(self, timeout_s: float = 600.0) -> None:
@@ -127,8 +117,8 @@ class ServingRuntime:
             if self.clock() > deadline:
                 raise RuntimeError("prefill workers did not become ACTIVE in time: " + repr(self.worker_rows()))
             await asyncio.sleep(0.05)
-        self._timer = asyncio.create_task(self._timer_loop(), name="vertumnus-controller-timer")
-        self.ready = True
+        self.timer.start()
+        self.admission.ready = True
 
     def engine_stats(self) -> dict[str, Any] | None:
         """The data plane's own counters (None for engines without any)."""
@@ -136,67 +126,18 @@ class ServingRuntime:
 
     async def close(self) -> None:
         """Stop the timer, decode and the data plane (idempotent)."""
-        self.ready = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._decision is not None:
-            self._decision.cancel()
-            self._decision = None
+        self.admission.ready = False
+        self.timer.stop()
         await self.decode.close()
         self.data_plane.close()
 
-    async def _timer_loop(self) -> None:
-        """Window ends (controller) and cache scans; re-checks at least every 0.25 s because a submit may move
-        the next timer earlier. Also bounds the wait of accepted requests while no worker can serve."""
-        while True:
-            delay = min(max(self.pool.next_timer() - self.clock(), 0.0), 0.25)
-            await asyncio.sleep(delay)
-            try:
-                self.pool.on_timer(self.clock())
-            except Exception:  # a policy bug must not stop the server; it is logged and retried next tick
-                log.exception("pool timer failed")
-            job = self.pool.controller.take_pending() if self.pool.controller.pending is not None else None
-            if job is not None:
-                self._decision = asyncio.create_task(self._decide(job), name="vertumnus-predictive-decision")
-            self._check_unavailable()
-
-    async def _decide(self, job: PendingDecision) -> None:
-        """One predictive decision: the replay in a worker thread (it reads only the snapshot in ``job``), then
-        acted on here, on the loop, where every pool call runs. The GIL still interleaves the thread with the
-        loop (switch interval 5 ms), so a request waits at most a few ms behind a decision, not its whole
-        duration."""
-        ctl = self.pool.controller
-        try:
-            decision = await asyncio.to_thread(ctl.decide, job)
-            ctl.finish(job, decision, self.clock())
-        except Exception:  # logged; the controller takes the next decision at the next window end
-            log.exception("predictive decision failed")
-            ctl.abandon(job)
-
-    # -- availability ---------------------------------------------------------------------------------------
-    def unavailable(self) -> str | None:
-        """None while at least one worker can serve (any state but FAILED: ACTIVE, or draining / switching
-        into workers that will be); otherwise why not (/health, /ready, 503 at admission)."""
-        if not self.ready:
-            return "starting: the prefill workers are not ACTIVE yet"
-        states = self.pool.scheduler.table.state
-        if states.size and bool((states != self._failed_state).any()):
-            return None
-        why = "; ".join(f"worker {w}: {r}" for w, r in sorted(self._failure.items())) or "every worker FAILED"
-        return f"no prefill worker can serve, restarting ({why}; details in the server log)"
-
-    def _check_unavailable(self) -> None:
-        reason = self.unavailable() if self.ready else None
-        now = self.clock()
-        if reason is None:
-            self._unavailable_since = None
-            self._failure.clear()
+    def _fail_overdue(self) -> None:
+        """Every timer tick: once no worker could serve for ``UNAVAILABLE_FAIL_S``, the accepted requests still
+        waiting get 503 (admission.py)."""
+        overdue = self.admission.overdue(self.clock())
+        if overdue is None:
             return
-        if self._unavailable_since is None:
-            self._unavailable_since = now
-        if now - self._unavailable_since < UNAVAILABLE_FAIL_S:
-            return
+        reason, unavailable_s = overdue
         waiting = [sub for sub in self._pending.values() if not sub.future.done() and not sub.cancelled]
         for sub in waiting:
             sub.future.set_exception(
@@ -206,7 +147,7 @@ class ServingRuntime:
             log.warning(
                 "failed %d waiting requests: no worker could serve for %.0f s",
                 len(waiting),
-                now - self._unavailable_since,
+                unavailable_s,
             )
 
     # -- requests -------------------------------------------------------------------------------------------
@@ -214,41 +155,6 @@ class ServingRuntime:
         """Unique per server: a random per-process tag plus a counter (uuid4 reads os.urandom on every call,
         ~0.2 ms on some VMs — too much per request)."""
         return f"{prefix}-{self._id_tag}{next(self._ids):010x}"
-
-    def admit(self) -> None:
-        """Reserve an in-flight slot or raise 429 / 503."""
-        if not self.ready:
-            raise APIError(503, "the prefill pool is not ready yet", code="not_ready", headers={"Retry-After": "1"})
-        reason = self.unavailable()
-        if reason is not None:
-            self.metrics.requests.labels("unavailable").inc()
-            raise APIError(503, reason, code="no_worker_available", headers={"Retry-After": "5"})
-        if self.inflight >= self.max_inflight:
-            self.metrics.requests.labels("rate_limited").inc()
-            raise APIError(
-                429,
-                f"too many requests in flight (serving.max_inflight={self.max_inflight}); retry shortly",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": "1"},
-            )
-        self.inflight += 1
-        self.metrics.inflight.set(self.inflight)
-
-    def release(self) -> None:
-        self.inflight -= 1
-        self.metrics.inflight.set(self.inflight)
-
-    def check_length(self, n_tokens: int) -> None:
-        """400 naming the limit when a prompt exceeds every worker's limit (before any work is queued)."""
-        limit = self.cfg.pool.max_model_len
-        if n_tokens > limit:
-            self.metrics.requests.labels("too_long").inc()
-            raise APIError(
-                400,
-                f"prompt has {n_tokens} tokens; the largest worker accepts at most {limit} tokens (max_model_len)",
-                param="prompt",
-                code="context_length_exceeded",
-            )
 
     def submit(
         self,
@@ -260,7 +166,7 @@ class ServingRuntime:
         arrival_s: float,
     ) -> Submission:
         """Hash the prompt's blocks once and place the request on the pool (raises 400 when no worker could
-        ever serve it). The caller holds an admission slot (:meth:`admit`) and then consumes :meth:`stream`."""
+        ever serve it). The caller holds an admission slot (``admission.admit()``) and then consumes :meth:`stream`."""
         n = len(prompt_ids)
         slo = slo_s if slo_s is not None else self.cfg.slo.base_s + self.cfg.slo.per_token_s * n
         tl = Timeline(request_id, arrival_s, n, slo, user=user)
@@ -415,8 +321,7 @@ class ServingRuntime:
     def on_worker_failed(self, worker_id: int, reason: str) -> None:
         log.warning("worker %d failed: %s", worker_id, reason)
         self.metrics.worker_failures.inc()
-        # the engine's own text (Ray errors: pids, addresses, tracebacks) stays in the log, never in a body
-        self._failure[worker_id] = "a rank process died" if "died" in reason else "an engine step failed"
+        self.admission.worker_failed(worker_id, reason)
 
     # -- views ----------------------------------------------------------------------------------------------
     def worker_rows(self, snap: PoolSnapshot | None = None) -> list[WorkerRow]:

@@ -62,7 +62,7 @@ class VertumnusIngress:
 
     def check_health(self) -> None:
         """Serve's periodic replica health check: unhealthy once the runtime is no longer ready (closed)."""
-        if not self.runtime.ready:
+        if not self.runtime.admission.ready:
             raise RuntimeError("prefill pool not ready")
 
     def __del__(self) -> None:
