@@ -183,7 +183,7 @@ def test_losing_a_ray_node_replaces_its_requests_and_its_workers_return_when_it_
     hosts = [p["ray_node_id"] for p in server.get("/v1/pool")["engine_stats"]["ray_nodes"]]
     lost = next(name for name, i in cluster.node_ids().items() if i == hosts[1])
     # warm both workers, so that the worker about to be lost holds cached blocks the cache manager must then
-    # forget: with every worker held at START, the first request runs (held) on one worker, the second goes to
+    # forget: with every worker held at QUEUE, the first request queues (held) on one worker, the second goes to
     # the other (equal idle workers, the first one's queue is longer)
     asyncio.run(_one_on_each(server, _prompts("warm", 2)))
     before = {w["node"]: w for w in server.get("/v1/pool")["workers"]}
@@ -276,13 +276,15 @@ def _until_back(cluster: RayCluster, server: Server, lost: str) -> tuple[dict[st
 
 
 async def _one_on_each(server: Server, prompts: list[str]) -> None:
-    """Hold every worker at START, send ``prompts`` (one per worker), wait until each worker runs one, release."""
-    server.hold(at="start")
+    """Hold every worker at QUEUE, send ``prompts`` (one per worker), wait until each worker has one queued,
+    release. A queued job keeps its whole predicted time in q_w (a running one's decays with the clock), so each
+    prompt after the first sees the workers already given one as longer queues, however late it is placed."""
+    server.hold(at="queue")
     traffic = asyncio.create_task(complete_greedy(server, prompts, 2))
     await asyncio.to_thread(
         server.wait_pool,
-        lambda p: p["placed"] == len(prompts) and all(w["running"] for w in p["workers"]),
-        "one request running (held) on each worker",
+        lambda p: p["placed"] == len(prompts) and all(w["queued"] == 1 for w in p["workers"]),
+        "one request queued (held) on each worker",
     )
     server.release()
     await traffic
