@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.cli_runner import Cli, Result
+from vertumnus.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,3 +28,21 @@ def benchmark_script() -> Callable[[str], ModuleType]:
         return mod
 
     return load
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
+    """Run the `vertumnus` entry point in-process (exit code, stdout, stderr)."""
+
+    def run(*args: str) -> Result:
+        monkeypatch.setattr(sys, "argv", ["vertumnus", *args])
+        capsys.readouterr()
+        code = 0
+        try:
+            main()
+        except SystemExit as e:
+            code = int(e.code or 0)
+        out, err = capsys.readouterr()
+        return Result(code, out, err)
+
+    return run

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-from vertumnus.cli.main import main
+from tests.cli_runner import Cli, Result
 from vertumnus.config import parse_composition
 from vertumnus.eval.clairvoyant import clairvoyant_forecaster
 from vertumnus.eval.digest import RunDigest, mean_digest
@@ -140,32 +137,6 @@ def test_runner_on_a_tiny_workload_derives_everything_from_its_runs(tmp_path: Pa
     assert js["workloads"][0]["verdict"]["best_fixed"] == best and js["passed"] == int(v.passed)
     assert js["geomean_clairvoyant_ratio"] == pytest.approx(v.clairvoyant_ratio)
     assert "clairvoyant controller" in verdict_line(res)
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-Cli = Callable[..., Result]
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
-    def run(*args: str) -> Result:
-        monkeypatch.setattr(sys, "argv", ["vertumnus", *args])
-        capsys.readouterr()
-        code = 0
-        try:
-            main()
-        except SystemExit as e:
-            code = int(e.code or 0)
-        out, err = capsys.readouterr()
-        return Result(code, out, err)
-
-    return run
 
 
 def _fails_cleanly(r: Result, *needles: str) -> None:

@@ -3,44 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from vertumnus.cli.main import main
+from tests.cli_runner import Cli
 
 EXCERPT = Path(__file__).resolve().parents[1] / "data" / "conversation_excerpt.jsonl"
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-Cli = Callable[..., Result]
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
-    """Run the `vertumnus` entry point in-process (exit code, stdout, stderr)."""
-
-    def run(*args: str) -> Result:
-        monkeypatch.setattr(sys, "argv", ["vertumnus", *args])
-        capsys.readouterr()
-        code = 0
-        try:
-            main()
-        except SystemExit as e:
-            code = int(e.code or 0)
-        out, err = capsys.readouterr()
-        return Result(code, out, err)
-
-    return run
 
 
 def test_simulate_writes_summary_csv_and_plots(cli: Cli, tmp_path: Path) -> None:
